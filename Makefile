@@ -1,0 +1,51 @@
+# torch-vnpu: every target creates/reuses the virtual environment .venv and
+# installs what it needs (Debian packages, torch==2.13.0, the build tools and
+# this package) before running.
+#   make demo   - train the GPT example on vnpu and cpu, plot both loss curves
+#   make test   - runtime unit tests (ctest) + the Python test suite (pytest)
+VENV    ?= .venv
+PYTHON  ?= $(shell command -v python3.11 || command -v python3)
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+OUT     ?= out
+
+.PHONY: demo test test-runtime test-python install deps system-deps bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+system-deps:
+	@if ! dpkg -s libgtest-dev >/dev/null 2>&1 || ! command -v ccache >/dev/null 2>&1; then \
+	  echo "installing libgtest-dev ccache with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev ccache >/dev/null; \
+	fi
+
+$(VENV)/.deps: requirements-dev.txt | $(PY)
+	$(PIP) install -q -r requirements-dev.txt
+	touch $@
+
+deps: system-deps $(VENV)/.deps
+
+install: deps
+	$(PIP) install -q --no-build-isolation --no-deps .
+
+demo: install
+	$(PY) examples/train_gpt.py --compare --out $(OUT)
+
+test-runtime: deps
+	$(VENV)/bin/cmake -S . -B build/runtime-tests -G Ninja -DVNPU_BUILD_PYTHON=OFF \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja >/dev/null
+	$(VENV)/bin/cmake --build build/runtime-tests
+	$(VENV)/bin/ctest --test-dir build/runtime-tests --output-on-failure
+
+test-python: install
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib .
+
+test: test-runtime test-python
+
+bench: install
+	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
+	$(PY) benchmarks/train_step.py --out $(OUT)/bench
+
+clean:
+	rm -rf build $(OUT)

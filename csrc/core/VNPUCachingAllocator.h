@@ -1,0 +1,38 @@
+// The vnpu caching device allocator (mirrors c10/cuda/CUDACachingAllocator.h).
+//
+// Contract (CUDA's): a block freed on the host returns to a per-device pool
+// tagged with the stream it was allocated on; only later allocations on that
+// same stream reuse it, so in-order stream execution makes reuse safe without
+// synchronizing. Use on another stream must be declared with recordStream
+// (Tensor.record_stream), which delays reuse until that stream's work done so
+// far has completed (tracked with events).
+//
+// Pools: requests <= 1 MiB come from 2 MiB segments (small pool); larger ones
+// from 20 MiB segments (requests < 10 MiB) or exact 2 MiB-rounded segments.
+// Blocks are split on allocation and merged with free neighbours on free.
+// Segments go back to the device only in emptyCache or when an allocation
+// would otherwise fail (then OutOfMemoryError if it still fails).
+//
+// Threads: one mutex per device guards that device's pools, blocks and stats.
+// Statistics are bytes or counts, in the format of torch.cuda.memory_stats.
+#pragma once
+
+#include "VNPUStream.h"
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+namespace c10::vnpu::allocator {
+
+// The allocator registered for DeviceType::PrivateUse1.
+c10::DeviceAllocator* get();
+// Marks `ptr` as used by `stream` (no-op for the allocation stream).
+void recordStream(const DataPtr& ptr, VNPUStream stream);
+// Releases all unused cached segments of every device (synchronizes devices first).
+void emptyCache();
+c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex device);
+void resetPeakStats(DeviceIndex device);
+void resetAccumulatedStats(DeviceIndex device);
+// One entry per segment, as torch.cuda.memory_snapshot()["segments"].
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+}  // namespace c10::vnpu::allocator

@@ -1,0 +1,49 @@
+#include "VNPUFunctions.h"
+
+#include "VNPUException.h"
+
+namespace c10::vnpu {
+
+DeviceIndex device_count() noexcept {
+  int n = 0;
+  if (vnpuGetDeviceCount(&n) != vnpuSuccess) return 0;
+  return static_cast<DeviceIndex>(n);
+}
+
+void check_device_index(DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && device < device_count(), "Invalid device ordinal: vnpu:", int(device),
+              ". Expected an index in [0, ", int(device_count()),
+              "); set VNPU_DEVICE_COUNT or VNPU_VISIBLE_DEVICES for more devices.");
+}
+
+DeviceIndex current_device() {
+  int d = 0;
+  VNPU_CHECK(vnpuGetDevice(&d));
+  return static_cast<DeviceIndex>(d);
+}
+
+void set_device(DeviceIndex device) {
+  check_device_index(device);
+  VNPU_CHECK(vnpuSetDevice(device));
+}
+
+DeviceIndex ExchangeDevice(DeviceIndex device) {
+  DeviceIndex prev = current_device();
+  if (device != prev) set_device(device);
+  return prev;
+}
+
+void device_synchronize(DeviceIndex device) {
+  if (device < 0) {
+    VNPU_CHECK(vnpuDeviceSynchronize());
+    return;
+  }
+  DeviceIndex prev = ExchangeDevice(device);
+  vnpuError_t err = vnpuDeviceSynchronize();
+  set_device(prev);
+  VNPU_CHECK(err);
+}
+
+bool is_in_bad_fork() { return vnpuIsInBadFork() != 0; }
+
+}  // namespace c10::vnpu

@@ -1,0 +1,172 @@
+#include "Copy.h"
+
+#include "CpuAlias.h"
+#include "Executor.h"
+#include "../core/VNPUException.h"
+#include "../core/VNPUStream.h"
+
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace at::vnpu {
+namespace {
+
+using c10::vnpu::getCurrentVNPUStream;
+
+// True when a byte copy of the storage span is the whole element copy.
+bool same_dense_layout(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
+         a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense() && !a.is_conj() &&
+         !b.is_conj() && !a.is_neg() && !b.is_neg();
+}
+
+size_t span_bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+void record_pinned(const Tensor& cpu, const c10::vnpu::VNPUStream& stream) {
+  at::getHostAllocator(DeviceType::PrivateUse1)
+      ->record_event(cpu.data_ptr(), cpu.storage().data_ptr().get_context(), stream.unwrap());
+}
+
+void device_to_device(Tensor& dst, const Tensor& src) {
+  DeviceIndex dd = dst.device().index(), sd = src.device().index();
+  c10::DeviceGuard guard(dst.device());
+  auto dst_stream = getCurrentVNPUStream(dd);
+  std::function<void()> kernel = [ds = spec_of(dst), ss = spec_of(src)] {
+    AliasContext ctx;
+    ctx.make(ds).copy_(ctx.make(ss));
+  };
+  if (dd == sd) {
+    launch("aten::copy_", dd, std::move(kernel));
+    return;
+  }
+  // Peer copy: dst's stream waits for src's stream, and src's stream waits
+  // for the copy before reusing src's memory (as CUDA's copy kernel does).
+  auto src_stream = getCurrentVNPUStream(sd);
+  vnpuEvent_t before = nullptr, after = nullptr;
+  VNPU_CHECK(vnpuEventCreateWithFlags(&before, vnpuEventDisableTiming));
+  VNPU_CHECK(vnpuEventCreateWithFlags(&after, vnpuEventDisableTiming));
+  VNPU_CHECK(vnpuEventRecord(before, src_stream.stream()));
+  VNPU_CHECK(vnpuStreamWaitEvent(dst_stream.stream(), before, 0));
+  launch("aten::copy_ (peer)", dd, std::move(kernel));
+  VNPU_CHECK(vnpuEventRecord(after, dst_stream.stream()));
+  VNPU_CHECK(vnpuStreamWaitEvent(src_stream.stream(), after, 0));
+  // Queued records and waits hold their own references to the events.
+  VNPU_CHECK(vnpuLaunchKernel(src_stream.stream(), "event release", [before, after] {
+    vnpuEventDestroy(before);
+    vnpuEventDestroy(after);
+  }));
+}
+
+void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(dst.device());
+  auto stream = getCurrentVNPUStream(dst.device().index());
+  if (same_dense_layout(dst, src)) {
+    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
+                               stream.stream()));
+    if (non_blocking && src.is_pinned()) record_pinned(src, stream);
+    return;
+  }
+  // Convert on the host into dst's dtype (and dst's layout when it is dense).
+  const bool dense = dst.is_non_overlapping_and_dense();
+  Tensor staged = dense ? at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(kCPU))
+                        : at::empty(dst.sizes(), dst.options().device(kCPU));
+  staged.copy_(src);
+  if (dense && !dst.is_conj() && !dst.is_neg()) {
+    // `staged` is ours: the task keeps it alive, so no second staging copy.
+    launch("memcpy HtoD", dst.device().index(),
+           [staged, to = dst.data_ptr(), n = span_bytes(dst)] { std::memcpy(to, staged.data_ptr(), n); });
+    return;
+  }
+  Tensor tmp = at::empty(dst.sizes(), dst.options());
+  launch("memcpy HtoD", dst.device().index(),
+         [staged, to = tmp.data_ptr(), n = span_bytes(tmp)] { std::memcpy(to, staged.data_ptr(), n); });
+  device_to_device(dst, tmp);
+}
+
+void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(src.device());
+  auto stream = getCurrentVNPUStream(src.device().index());
+  if (same_dense_layout(dst, src)) {
+    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToHost,
+                               stream.stream()));
+    if (dst.is_pinned()) {
+      if (non_blocking) record_pinned(dst, stream);
+      else stream.synchronize();
+    }
+    return;
+  }
+  // Gather into a dense device buffer of dst's dtype, then one memcpy.
+  Tensor tmp = at::empty(dst.sizes(), src.options().dtype(dst.scalar_type()));
+  Tensor tmp_dst = tmp;
+  device_to_device(tmp_dst, src);
+  Tensor host = at::empty(dst.sizes(), dst.options().device(kCPU).pinned_memory(false));
+  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), tmp.data_ptr(), span_bytes(tmp), vnpuMemcpyDeviceToHost,
+                             stream.stream()));
+  dst.copy_(host);
+}
+
+}  // namespace
+
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
+  TORCH_CHECK(dst.defined() && src.defined(), "copy_: both tensors must be defined");
+  if (dst.numel() == 0) return dst;
+  const bool dst_dev = dst.device().type() == DeviceType::PrivateUse1;
+  const bool src_dev = src.device().type() == DeviceType::PrivateUse1;
+  TORCH_CHECK(dst_dev || dst.is_cpu(), "copy_ from vnpu to ", dst.device(), " is not supported; copy to cpu first");
+  TORCH_CHECK(src_dev || src.is_cpu(), "copy_ from ", src.device(), " to vnpu is not supported; copy to cpu first");
+  Tensor s = src.expand_as(dst);  // broadcasting rules and errors of copy_
+  if (dst_dev && src_dev) device_to_device(dst, s);
+  else if (dst_dev) host_to_device(dst, s, non_blocking);
+  else device_to_host(dst, s, non_blocking);
+  return dst;
+}
+
+Scalar local_scalar_dense(const Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  Tensor host = at::empty({}, self.options().device(kCPU));
+  c10::DeviceGuard guard(self.device());
+  auto stream = getCurrentVNPUStream(self.device().index());
+  Tensor one = self.reshape({});
+  if (one.is_conj() || one.is_neg()) one = one.resolve_conj().resolve_neg();
+  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), one.data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
+                             stream.stream()));
+  return at::_local_scalar_dense(host);
+}
+
+}  // namespace at::vnpu
+
+#include <torch/library.h>
+
+namespace at::vnpu {
+namespace {
+
+Tensor& copy_kernel(Tensor& self, const Tensor& src, bool non_blocking) { return copy_(self, src, non_blocking); }
+
+Tensor copy_from(const Tensor& self, const Tensor& dst, bool non_blocking) {
+  Tensor d = dst;
+  copy_(d, self, non_blocking);
+  return dst;
+}
+
+Tensor copy_from_and_resize(const Tensor& self, const Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
+  Tensor d = dst;
+  copy_(d, self, false);
+  return dst;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("copy_", TORCH_FN(copy_kernel));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+}  // namespace at::vnpu

@@ -1,0 +1,62 @@
+#include "CpuAlias.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+namespace at::vnpu {
+
+TensorSpec spec_of(const Tensor& t) {
+  TensorSpec s;
+  if (!t.defined()) return s;
+  s.defined = true;
+  if (t.device().is_cpu()) {
+    s.cpu_value = t;
+    return s;
+  }
+  const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  s.storage_base = const_cast<void*>(st->data_ptr().get());
+  s.storage_nbytes = st->nbytes();
+  s.sizes.assign(t.sizes().begin(), t.sizes().end());
+  s.strides.assign(t.strides().begin(), t.strides().end());
+  s.storage_offset = t.storage_offset();
+  s.dtype = t.scalar_type();
+  s.conj = t.is_conj();
+  s.neg = t.is_neg();
+  s.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  return s;
+}
+
+Tensor AliasContext::make(const TensorSpec& spec) {
+  if (!spec.defined) return Tensor();
+  if (spec.cpu_value.defined()) return spec.cpu_value;
+  auto it = storages_.find(spec.storage_base);
+  if (it == storages_.end()) {
+    // Non-owning DataPtr (no deleter): the device allocator owns the memory.
+    c10::Storage storage(c10::Storage::use_byte_size_t(), spec.storage_nbytes,
+                         c10::DataPtr(spec.storage_base, c10::Device(c10::DeviceType::CPU)),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    it = storages_.emplace(spec.storage_base, std::move(storage)).first;
+  }
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
+                                                    c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    scalarTypeToTypeMeta(spec.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.storage_offset);
+  if (spec.conj) t._set_conj(true);
+  if (spec.neg) t._set_neg(true);
+  if (spec.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+const c10::StorageImpl* AliasContext::cpu_storage_of(const void* device_base) const {
+  auto it = storages_.find(device_base);
+  return it == storages_.end() ? nullptr : it->second.unsafeGetStorageImpl();
+}
+
+void* AliasContext::device_base_of(const c10::StorageImpl* impl) const {
+  for (const auto& [base, st] : storages_) {
+    if (st.unsafeGetStorageImpl() == impl) return const_cast<void*>(base);
+  }
+  return nullptr;
+}
+
+}  // namespace at::vnpu

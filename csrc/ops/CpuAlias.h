@@ -1,0 +1,48 @@
+// CPU tensors that alias vnpu device memory (same pointer, sizes, strides).
+//
+// Kernels are ATen's CPU kernels run on such aliases on the stream's worker.
+// TensorSpec is a host-side snapshot of a vnpu tensor's metadata, taken when
+// the op is enqueued (the tensor may be resized or freed before the task
+// runs; the caching allocator's stream-ordered reuse keeps the memory valid).
+//
+// Note [One CPU storage per device storage]
+// ATen's overlap checks (MemoryOverlap.cpp) compare StorageImpl identity, so
+// all aliases built for one task from the same device storage share one CPU
+// StorageImpl; AliasContext keeps that mapping for the task's lifetime.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <unordered_map>
+
+namespace at::vnpu {
+
+struct TensorSpec {
+  bool defined = false;
+  void* storage_base = nullptr;  // device address of the storage start
+  size_t storage_nbytes = 0;     // bytes
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t storage_offset = 0;    // elements
+  ScalarType dtype = ScalarType::Float;
+  bool conj = false, neg = false, wrapped_number = false;
+  Tensor cpu_value;              // set for CPU scalar tensors (used as they are)
+};
+
+// Snapshot of `t` (vnpu tensor, CPU 0-dim tensor, or undefined).
+TensorSpec spec_of(const Tensor& t);
+
+class AliasContext {
+ public:
+  // CPU alias of a snapshot (the CPU scalar itself for CPU specs).
+  Tensor make(const TensorSpec& spec);
+  // The CPU storage created for `device_base` or nullptr.
+  const c10::StorageImpl* cpu_storage_of(const void* device_base) const;
+  // Device base address whose alias storage is `impl`, or nullptr.
+  void* device_base_of(const c10::StorageImpl* impl) const;
+
+ private:
+  std::unordered_map<const void*, c10::Storage> storages_;  // device base -> CPU storage
+};
+
+}  // namespace at::vnpu

@@ -1,0 +1,711 @@
+#include "Executor.h"
+
+#include "CpuAlias.h"
+#include "OpStats.h"
+#include "../core/VNPUException.h"
+#include "../core/VNPUFunctions.h"
+#include "../core/VNPUGeneratorImpl.h"
+#include "../core/VNPUStream.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/irange.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+namespace at::vnpu {
+namespace {
+
+using c10::IValue;
+using torch::jit::Stack;
+
+constexpr DeviceType kVNPU = DeviceType::PrivateUse1;
+
+// ---------------------------------------------------------------------------
+// Note [Meta cache]
+// Output metadata depends on the tensors' metadata and on the non-tensor
+// arguments, so it is cached per op under a key made of exactly those (dtype,
+// sizes, strides and flags of every tensor; ints, lists, strings, devices...).
+// Floating-point and Scalar arguments enter the key by type only (their values
+// do not change output shapes) except for ops with mutable arguments, where
+// e.g. arange.out's Scalars size the output. Training loops repeat the same
+// shapes, so most ops skip the Meta kernel (often Python) after the first step.
+
+struct TensorMeta {
+  bool defined = false;
+  ScalarType dtype = ScalarType::Float;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+};
+
+struct MetaResult {
+  bool sync = false;                                      // meta inference failed: run synchronously
+  std::string reason;                                     // why (for get_fallback_ops)
+  std::vector<std::vector<TensorMeta>> returns;          // per return: one (Tensor) or many (Tensor[])
+  std::vector<bool> return_is_list;
+  std::vector<std::pair<size_t, TensorMeta>> mutated;    // mutable args whose layout the op sets
+};
+
+TensorMeta tensor_meta(const Tensor& t) {
+  TensorMeta m;
+  if (!t.defined()) return m;
+  m.defined = true;
+  m.dtype = t.scalar_type();
+  m.sizes.assign(t.sizes().begin(), t.sizes().end());
+  m.strides.assign(t.strides().begin(), t.strides().end());
+  return m;
+}
+
+enum KeyTag : int64_t { kNone = -100, kTensorTag, kListTag, kIntTag, kDoubleTag, kBoolTag, kStrTag, kDevTag,
+                        kComplexTag, kGenTag, kSymTag };
+
+struct KeyBuilder {
+  std::vector<int64_t> k;
+  bool ok = true;
+  void tensor(const Tensor& t) {
+    if (!t.defined()) { k.push_back(kNone); return; }
+    k.push_back(kTensorTag);
+    k.push_back(static_cast<int64_t>(t.scalar_type()));
+    k.push_back(t.dim());
+    for (auto v : t.sizes()) k.push_back(v);
+    for (auto v : t.strides()) k.push_back(v);
+    k.push_back((t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) |
+                (t.is_neg() ? 4 : 0) | (t.device().is_cpu() ? 8 : 0));
+  }
+  void value(const IValue& v, bool exact_numbers) {
+    if (v.isTensor()) tensor(v.toTensor());
+    else if (v.isNone()) k.push_back(kNone);
+    else if (v.isInt()) { k.push_back(kIntTag); k.push_back(v.toInt()); }
+    else if (v.isBool()) { k.push_back(kBoolTag); k.push_back(v.toBool()); }
+    else if (v.isDouble()) {
+      k.push_back(kDoubleTag);
+      double d = v.toDouble();
+      int64_t bits = 0;
+      if (exact_numbers) std::memcpy(&bits, &d, sizeof(bits));
+      k.push_back(bits);
+    } else if (v.isComplexDouble()) {
+      k.push_back(kComplexTag);
+      if (exact_numbers) { auto c = v.toComplexDouble(); int64_t b[2]; std::memcpy(b, &c, 16); k.push_back(b[0]); k.push_back(b[1]); }
+    } else if (v.isList()) {
+      k.push_back(kListTag);
+      k.push_back(static_cast<int64_t>(v.toListRef().size()));
+      for (const IValue& e : v.toListRef()) value(e, /*exact_numbers=*/true);  // e.g. scale factors
+    } else if (v.isString()) {
+      k.push_back(kStrTag);
+      k.push_back(static_cast<int64_t>(std::hash<std::string_view>{}(v.toStringView())));
+    } else if (v.isDevice()) {
+      k.push_back(kDevTag);
+      k.push_back(static_cast<int64_t>(v.toDevice().type()));
+      k.push_back(v.toDevice().index());
+    } else if (v.isGenerator()) {
+      k.push_back(kGenTag);
+    } else {
+      ok = false;  // symbolic or exotic values: do not cache
+    }
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept {
+    size_t h = k.size();
+    for (auto v : k) h ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct MetaCache {
+  std::mutex mu;  // guards map
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const MetaResult>, KeyHash> map;
+};
+
+constexpr size_t kMetaCacheLimit = 4096;  // entries per op; cleared when full
+
+// ---------------------------------------------------------------------------
+// Per-op facts, computed once from the schema.
+
+enum class Path { Async, Sync, View, InplaceView };
+
+struct OpInfo {
+  std::string name;                  // "aten::add.Tensor"
+  Path path = Path::Async;
+  std::string slow_reason;           // non-empty: counted in get_fallback_ops()
+  std::optional<c10::OperatorHandle> out_op;  // out= overload for functional ops
+  std::vector<int> return_arg;       // per return: index of the mutable arg it aliases, or -1
+  std::vector<bool> mutable_arg;     // per argument
+  bool new_outputs = false;          // some return is a fresh tensor
+  bool any_mutable = false;
+  std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
+};
+
+bool same_type(const c10::Argument& a, const c10::Argument& b) {
+  return *a.type() == *b.type();
+}
+
+// The `out=` overload whose leading arguments are exactly `schema`'s and whose
+// trailing keyword-only mutable arguments match its returns.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& schema) {
+  const auto& ov = schema.overload_name();
+  for (const std::string& cand : {ov.empty() ? std::string("out") : ov + "_out", ov + "out"}) {
+    auto h = c10::Dispatcher::singleton().findSchema({schema.name(), cand});
+    if (!h) continue;
+    const auto& os = h->schema();
+    const auto& fa = schema.arguments();
+    const auto& oa = os.arguments();
+    if (oa.size() != fa.size() + schema.returns().size()) continue;
+    bool ok = true;
+    for (size_t i = 0; i < fa.size() && ok; ++i) ok = same_type(fa[i], oa[i]) && fa[i].name() == oa[i].name();
+    for (size_t i = fa.size(); i < oa.size() && ok; ++i) {
+      const auto& r = schema.returns()[i - fa.size()];
+      ok = oa[i].alias_info() && oa[i].alias_info()->isWrite() && oa[i].kwarg_only() &&
+           oa[i].type()->kind() == r.type()->kind();
+    }
+    if (ok && h->hasComputedKernelForDispatchKey(DispatchKey::CPU)) return h;
+  }
+  return std::nullopt;
+}
+
+bool is_tensor_like(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return is_tensor_like(o->getElementType());
+  if (auto l = t->cast<c10::ListType>()) return is_tensor_like(l->getElementType());
+  return false;
+}
+
+OpInfo compute_info(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  OpInfo info;
+  info.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  for (const auto& a : schema.arguments()) info.mutable_arg.push_back(a.alias_info() && a.alias_info()->isWrite());
+  for (bool b : info.mutable_arg) info.any_mutable |= b;
+  bool view = false, data_dependent_return = false;
+  for (const auto& r : schema.returns()) {
+    int idx = -1;
+    if (r.alias_info() && r.alias_info()->isWrite()) {
+      for (size_t i = 0; i < schema.arguments().size(); ++i) {
+        const auto& ai = schema.arguments()[i].alias_info();
+        if (ai && ai->isWrite() && ai->beforeSets() == r.alias_info()->beforeSets()) idx = static_cast<int>(i);
+      }
+    } else if (r.alias_info()) {
+      view = true;
+    } else {
+      info.new_outputs = true;
+    }
+    if (!is_tensor_like(r.type())) data_dependent_return = true;
+    info.return_arg.push_back(idx);
+  }
+  if (op.hasTag(at::Tag::inplace_view)) {
+    info.path = Path::InplaceView;
+  } else if (view) {
+    info.path = Path::View;
+  } else if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
+             data_dependent_return) {
+    info.path = Path::Sync;  // expected: the output depends on the data, as on CUDA
+  } else if (!op.hasComputedKernelForDispatchKey(DispatchKey::Meta)) {
+    info.path = Path::Sync;
+    info.slow_reason = "no Meta kernel to infer output metadata: ran synchronously";
+  }
+  if (info.path == Path::Async && info.new_outputs) {
+    info.out_op = find_out_overload(schema);
+    if (!info.out_op) info.slow_reason = "no out= overload: functional kernel plus one extra copy";
+  }
+  return info;
+}
+
+OpInfo& op_info(const c10::OperatorHandle& op) {
+  static std::mutex mu;  // guards cache
+  static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> cache;
+  std::lock_guard<std::mutex> g(mu);
+  auto& slot = cache[&op.schema()];
+  if (!slot) slot = std::make_unique<OpInfo>(compute_info(op));
+  return *slot;
+}
+
+// ---------------------------------------------------------------------------
+// Device checks (the errors PyTorch raises for CUDA).
+
+struct DeviceFinder {
+  DeviceIndex dev = -1;
+  void tensor(const Tensor& t) {
+    if (!t.defined()) return;
+    Device d = t.device();
+    if (d.type() == kVNPU) {
+      if (dev < 0) dev = d.index();
+      else TORCH_CHECK(dev == d.index(), "Expected all tensors to be on the same device, but found at least two devices, vnpu:",
+                       int(dev), " and ", d, "!");
+      return;
+    }
+    if (d.is_cpu() && t.dim() == 0) return;  // CPU scalars are allowed, as on CUDA
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                dev >= 0 ? Device(kVNPU, dev) : Device(kVNPU, c10::vnpu::current_device()), " and ", d,
+                "!");
+  }
+  void value(const IValue& v) {
+    if (v.isTensor()) tensor(v.toTensor());
+    else if (v.isTensorList()) for (const auto& t : v.toTensorList()) tensor(t);
+    else if (v.isList()) {
+      for (const IValue& e : v.toListRef()) if (e.isTensor()) tensor(e.toTensor());
+    } else if (v.isDevice() && v.toDevice().type() == kVNPU && dev < 0) {
+      dev = v.toDevice().has_index() ? v.toDevice().index() : c10::vnpu::current_device();
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Meta inference.
+
+Tensor to_meta(const Tensor& t) {
+  // CPU scalars stay on the CPU: meta kernels accept them as they are, and
+  // Python meta kernels turn wrapped numbers into Python numbers.
+  if (!t.defined() || t.device().is_cpu()) return t;
+  auto m = at::empty_strided(t.sizes(), t.strides(), t.options().device(kMeta));
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
+}
+
+IValue to_meta(const IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<Tensor> l;
+    for (const auto& t : v.toTensorList()) l.push_back(to_meta(t));
+    return l;
+  }
+  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<Tensor>> l;
+    for (const IValue& e : v.toListRef()) l.push_back(e.isTensor() ? std::optional<Tensor>(to_meta(e.toTensor())) : std::nullopt);
+    return l;
+  }
+  if (v.isDevice() && v.toDevice().type() == kVNPU) return Device(kMeta);
+  if (v.isGenerator()) return IValue();
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Task plans: what the worker needs, with no reference to vnpu tensors.
+
+struct Slot {
+  enum Kind { Value, Tensor, TensorList, OptTensorList, Gen } kind = Value;
+  IValue value;
+  std::vector<TensorSpec> specs;
+  uint64_t seed = 0;  // Gen: CPU generator seed
+};
+
+uint64_t mix(uint64_t x) {  // splitmix64 finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+int64_t max_numel(ArrayRef<IValue> args) {
+  int64_t n = 1;
+  for (const auto& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) n = std::max(n, v.toTensor().numel());
+  }
+  return n;
+}
+
+// Seed of the CPU generator standing in for a vnpu Generator argument.
+uint64_t generator_seed(const IValue& g, DeviceIndex dev, int64_t numel) {
+  Generator gen = g.isGenerator() ? g.toGenerator() : getDefaultVNPUGenerator(dev);
+  TORCH_CHECK(gen.device().type() == kVNPU, "Expected a 'vnpu' device type for generator but found '",
+              gen.device().type(), "'");
+  auto* impl = gen.get<VNPUGeneratorImpl>();
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  auto [seed, offset] = impl->philox_engine_inputs(static_cast<uint64_t>(numel));
+  return mix(seed ^ mix(offset));
+}
+
+Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64_t numel) {
+  Slot s;
+  auto kind = arg.type()->kind();
+  if (kind == c10::TypeKind::OptionalType) kind = arg.type()->cast<c10::OptionalType>()->getElementType()->kind();
+  if (kind == c10::TypeKind::GeneratorType) {
+    s.kind = Slot::Gen;
+    s.seed = generator_seed(v, dev, numel);
+  } else if (v.isTensor()) {
+    s.kind = Slot::Tensor;
+    s.specs.push_back(spec_of(v.toTensor()));
+  } else if (v.isTensorList()) {
+    s.kind = Slot::TensorList;
+    for (const auto& t : v.toTensorList()) s.specs.push_back(spec_of(t));
+  } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    s.kind = Slot::OptTensorList;
+    for (const IValue& e : v.toListRef()) s.specs.push_back(spec_of(e.isTensor() ? e.toTensor() : Tensor()));
+  } else if (v.isDevice() && v.toDevice().type() == kVNPU) {
+    s.value = Device(kCPU);
+  } else {
+    s.value = v;
+  }
+  return s;
+}
+
+IValue materialize(const Slot& s, AliasContext& ctx) {
+  switch (s.kind) {
+    case Slot::Value: return s.value;
+    case Slot::Tensor: return ctx.make(s.specs[0]);
+    case Slot::TensorList: {
+      c10::List<Tensor> l;
+      for (const auto& sp : s.specs) l.push_back(ctx.make(sp));
+      return l;
+    }
+    case Slot::OptTensorList: {
+      c10::List<std::optional<Tensor>> l;
+      for (const auto& sp : s.specs) l.push_back(sp.defined ? std::optional<Tensor>(ctx.make(sp)) : std::nullopt);
+      return l;
+    }
+    case Slot::Gen: return at::make_generator<at::CPUGeneratorImpl>(s.seed);
+  }
+  return IValue();
+}
+
+struct Plan {
+  c10::OperatorHandle op;       // the kernel to call (the out= overload when present)
+  std::vector<Slot> args;
+  std::vector<Slot> outs;       // appended as out= args, or copy targets
+  bool out_variant = false;
+};
+
+void prepare_worker_thread() {
+  thread_local bool ready = false;
+  if (!ready) {
+    at::init_num_threads();
+    ready = true;
+  }
+}
+
+void run_plan(const Plan& p) {
+  AliasContext ctx;
+  Stack s;
+  s.reserve(p.args.size() + p.outs.size());
+  for (const auto& a : p.args) s.push_back(materialize(a, ctx));
+  if (p.out_variant) {
+    for (const auto& o : p.outs) s.push_back(materialize(o, ctx));
+    p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+    return;
+  }
+  p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  for (size_t i = 0; i < p.outs.size(); ++i) {
+    IValue dst = materialize(p.outs[i], ctx);
+    if (dst.isTensor()) {
+      if (dst.toTensor().defined()) dst.toTensor().copy_(s[i].toTensor());
+    } else if (dst.isTensorList()) {
+      auto src = s[i].toTensorList();
+      auto d = dst.toTensorList();
+      for (size_t j = 0; j < d.size(); ++j) d.get(j).copy_(src.get(j));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The three paths.
+
+// Boolean or uint8 index tensors (x[mask]): the output size depends on the data.
+bool has_bool_index(ArrayRef<IValue> args) {
+  for (const auto& a : args) {
+    if (!a.isList()) continue;
+    for (const IValue& e : a.toListRef()) {
+      if (e.isTensor() && e.toTensor().defined() &&
+          (e.toTensor().scalar_type() == kBool || e.toTensor().scalar_type() == kByte))
+        return true;
+    }
+  }
+  return false;
+}
+
+// Output metadata of `op` on `args`, from the cache or the Meta kernel.
+std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValue> args) {
+  const auto& schema = op.schema();
+  KeyBuilder key;
+  for (size_t i = 0; i < args.size() && key.ok; ++i) {
+    auto kind = schema.arguments()[i].type()->kind();
+    if (kind == c10::TypeKind::OptionalType)
+      kind = schema.arguments()[i].type()->cast<c10::OptionalType>()->getElementType()->kind();
+    bool by_type_only = !info.any_mutable && (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::NumberType ||
+                                              kind == c10::TypeKind::ComplexType);
+    key.value(args[i], !by_type_only);
+  }
+  if (key.ok) {
+    std::lock_guard<std::mutex> g(info.meta_cache->mu);
+    auto it = info.meta_cache->map.find(key.k);
+    if (it != info.meta_cache->map.end()) return it->second;
+  }
+
+  Stack meta;
+  meta.reserve(args.size());
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  std::vector<IValue> meta_args(meta.begin(), meta.end());  // mutable meta args, after the call
+  auto result = std::make_shared<MetaResult>();
+  try {
+    op.redispatchBoxed(DispatchKeySet(DispatchKey::Meta), &meta);
+  } catch (const std::exception& e) {
+    // Either the inputs are invalid (the CPU kernel, run synchronously, then
+    // raises CPU's own exception) or the Meta kernel cannot handle them, e.g.
+    // boolean-mask indexing whose output size depends on the data.
+    result->sync = true;
+    if (!has_bool_index(args)) {
+      std::string what = e.what();
+      result->reason = "Meta kernel failed (" + what.substr(0, std::min<size_t>(what.find('\n'), 120)) +
+                       "): ran synchronously";
+    }
+  }
+  if (result->sync) {
+    if (key.ok) {
+      std::lock_guard<std::mutex> g(info.meta_cache->mu);
+      info.meta_cache->map.emplace(std::move(key.k), result);
+    }
+    return result;
+  }
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    std::vector<TensorMeta> ms;
+    bool is_list = meta[r].isTensorList();
+    if (meta[r].isTensor()) ms.push_back(tensor_meta(meta[r].toTensor()));
+    else if (is_list) for (const auto& t : meta[r].toTensorList()) ms.push_back(tensor_meta(t));
+    result->returns.push_back(std::move(ms));
+    result->return_is_list.push_back(is_list);
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (info.mutable_arg[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
+      result->mutated.emplace_back(i, tensor_meta(meta_args[i].toTensor()));
+  }
+  if (key.ok) {
+    std::lock_guard<std::mutex> g(info.meta_cache->mu);
+    if (info.meta_cache->map.size() >= kMetaCacheLimit) info.meta_cache->map.clear();
+    info.meta_cache->map.emplace(std::move(key.k), result);
+  }
+  return result;
+}
+
+// Makes `t` (vnpu) take the layout the op gives an out=/in-place argument,
+// growing its storage in stream order if needed.
+void apply_layout(const Tensor& t, const TensorMeta& m) {
+  if (t.sizes().equals(m.sizes) && t.strides().equals(m.strides)) return;
+  if (!t.sizes().equals(m.sizes)) at::native::resize_output(t, m.sizes);  // warns like CPU/CUDA
+  if (!t.strides().equals(m.strides)) {
+    size_t item = t.dtype().itemsize();
+    size_t need = at::detail::computeStorageNbytes(m.sizes, m.strides, item, t.storage_offset());
+    if (need > t.storage().nbytes()) t.resize_({static_cast<int64_t>((need + item - 1) / item)});
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, t.storage_offset());
+  }
+}
+
+void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev);
+
+void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  std::shared_ptr<const MetaResult> meta = infer_meta(op, info, args);
+  if (meta->sync) {
+    if (!meta->reason.empty()) record_fallback(info.name, meta->reason);
+    return run_sync(op, info, stack, dev);
+  }
+  for (const auto& [i, m] : meta->mutated) apply_layout(args[i].toTensor(), m);
+
+  auto plan = std::make_shared<Plan>(Plan{op, {}, {}, false});
+  const int64_t numel = max_numel(args);
+  plan->args.reserve(n);
+  for (size_t i = 0; i < n; ++i) plan->args.push_back(make_slot(args[i], schema.arguments()[i], dev, numel));
+
+  auto alloc = [&](const TensorMeta& m) {
+    if (!m.defined) return Tensor();
+    return at::empty_strided(m.sizes, m.strides, TensorOptions().dtype(m.dtype).device(Device(kVNPU, dev)));
+  };
+  std::vector<IValue> results;
+  results.reserve(schema.returns().size());
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    if (info.return_arg[r] >= 0) {
+      results.push_back(args[info.return_arg[r]]);
+      continue;
+    }
+    Slot out;
+    if (meta->return_is_list[r]) {
+      c10::List<Tensor> l;
+      out.kind = Slot::TensorList;
+      for (const auto& m : meta->returns[r]) {
+        Tensor t = alloc(m);
+        out.specs.push_back(spec_of(t));
+        l.push_back(std::move(t));
+      }
+      results.emplace_back(std::move(l));
+    } else {
+      Tensor t = meta->returns[r].empty() ? Tensor() : alloc(meta->returns[r][0]);
+      out.kind = Slot::Tensor;
+      out.specs.push_back(spec_of(t));
+      results.emplace_back(std::move(t));
+    }
+    plan->outs.push_back(std::move(out));
+  }
+  if (info.out_op && !plan->outs.empty()) {
+    plan->op = *info.out_op;
+    plan->out_variant = true;
+  }
+  launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
+
+  torch::jit::drop(*stack, n);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+// Runs the CPU kernel on the calling thread after synchronizing the stream.
+void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  c10::vnpu::getCurrentVNPUStream(dev).synchronize();
+
+  // Mutable arguments become resizable CPU copies written back afterwards.
+  AliasContext ctx;
+  Stack s;
+  s.reserve(n);
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // (vnpu, cpu)
+  const int64_t numel = max_numel(args);
+  for (size_t i = 0; i < n; ++i) {
+    Slot slot = make_slot(args[i], schema.arguments()[i], dev, numel);
+    IValue v = materialize(slot, ctx);
+    if (info.mutable_arg[i] && v.isTensor() && v.toTensor().defined() && args[i].toTensor().device().type() == kVNPU) {
+      Tensor copy = v.toTensor().clone(at::MemoryFormat::Preserve);
+      write_back.emplace_back(args[i].toTensor(), copy);
+      v = copy;
+    }
+    s.push_back(std::move(v));
+  }
+  op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+
+  for (auto& [dst, src] : write_back) {
+    if (!dst.sizes().equals(src.sizes())) dst.resize_(src.sizes());
+    dst.copy_(src);
+  }
+  auto to_vnpu = [&](const Tensor& t) -> Tensor {
+    if (!t.defined() || t.device().type() == kVNPU) return t;
+    for (const auto& a : args) {  // a view of an input: share its device storage
+      if (a.isTensor() && a.toTensor().defined() && a.toTensor().device().type() == kVNPU &&
+          ctx.cpu_storage_of(a.toTensor().storage().unsafeGetStorageImpl()->data_ptr().get()) ==
+              t.storage().unsafeGetStorageImpl()) {
+        return rewrap_view(a.toTensor(), t);
+      }
+    }
+    auto opts = t.options().device(Device(kVNPU, dev));
+    Tensor out = t.is_non_overlapping_and_dense() ? at::empty_strided(t.sizes(), t.strides(), opts)
+                                                  : at::empty(t.sizes(), opts);
+    out.copy_(t);
+    return out;
+  };
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    IValue& v = s[r];
+    if (info.return_arg[r] >= 0) {
+      v = args[info.return_arg[r]];
+    } else if (v.isTensor()) {
+      v = to_vnpu(v.toTensor());
+    } else if (v.isTensorList()) {
+      c10::List<Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(to_vnpu(t));
+      v = l;
+    }
+  }
+  std::vector<IValue> results(s.begin(), s.begin() + schema.returns().size());
+  torch::jit::drop(*stack, n);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+// View ops: metadata only, computed by the CPU kernel on aliases.
+void run_view(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  AliasContext ctx;
+  Stack s;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) s.push_back(materialize(make_slot(args[i], schema.arguments()[i], dev, 1), ctx));
+  op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  auto base_of = [&](const Tensor& cpu) -> Tensor {
+    void* base = ctx.device_base_of(cpu.storage().unsafeGetStorageImpl());
+    for (const auto& a : args) {
+      auto check = [&](const Tensor& t) {
+        return t.defined() && t.device().type() == kVNPU && t.storage().unsafeGetStorageImpl()->data_ptr().get() == base;
+      };
+      if (a.isTensor() && check(a.toTensor())) return a.toTensor();
+      if (a.isTensorList()) for (const auto& t : a.toTensorList()) if (check(t)) return t;
+    }
+    TORCH_INTERNAL_ASSERT(false, info.name, ": view result does not alias a vnpu input");
+  };
+  if (info.path == Path::InplaceView) {
+    // e.g. squeeze_: copy the new metadata onto the vnpu tensor itself.
+    for (size_t r = 0; r < schema.returns().size(); ++r) {
+      const Tensor& cpu = s[r].toTensor();
+      const Tensor& self = args[info.return_arg[r]].toTensor();
+      self.unsafeGetTensorImpl()->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+      s[r] = self;
+    }
+  } else {
+    for (size_t r = 0; r < schema.returns().size(); ++r) {
+      IValue& v = s[r];
+      if (v.isTensor()) {
+        v = v.toTensor().defined() ? rewrap_view(base_of(v.toTensor()), v.toTensor()) : v;
+      } else if (v.isTensorList()) {
+        c10::List<Tensor> l;
+        for (const auto& t : v.toTensorList()) l.push_back(rewrap_view(base_of(t), t));
+        v = l;
+      }
+    }
+  }
+  std::vector<IValue> results(s.begin(), s.begin() + schema.returns().size());
+  torch::jit::drop(*stack, n);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+}  // namespace
+
+void launch(const char* name, DeviceIndex device, std::function<void()> kernel) {
+  auto stream = c10::vnpu::getCurrentVNPUStream(device);
+  VNPU_CHECK(vnpuLaunchKernel(stream.stream(), name, [k = std::move(kernel)] {
+    prepare_worker_thread();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    k();
+  }));
+}
+
+Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                   base.key_set(), cpu_view.dtype());
+  impl->set_sizes_and_strides(cpu_view.sizes(), cpu_view.strides(), cpu_view.storage_offset());
+  Tensor r(std::move(impl));
+  r._set_conj(cpu_view.is_conj());
+  r._set_neg(cpu_view.is_neg());
+  return r;
+}
+
+void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  OpInfo& info = op_info(op);
+  const size_t n = op.schema().arguments().size();
+  DeviceFinder finder;
+  for (const auto& a : torch::jit::last(*stack, n)) finder.value(a);
+  DeviceIndex dev = finder.dev >= 0 ? finder.dev : c10::vnpu::current_device();
+  c10::DeviceGuard guard(Device(kVNPU, dev));
+  record_executed(info.name);
+  if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
+  switch (info.path) {
+    case Path::View:
+    case Path::InplaceView:
+      return run_view(op, info, stack, dev);
+    case Path::Sync:
+      return run_sync(op, info, stack, dev);
+    case Path::Async:
+      return run_async(op, info, stack, dev);
+  }
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
+}
+
+}  // namespace at::vnpu

@@ -1,0 +1,42 @@
+// The stream-ordered executor: runs any ATen op on vnpu tensors.
+//
+// For an op that reaches the PrivateUse1 backend fallback (see DESIGN.md,
+// "Eager execution"):
+//  1. On the calling thread: check devices, compute output metadata with the
+//     op's Meta kernel, allocate outputs from the caching allocator on the
+//     current stream, snapshot every tensor argument (TensorSpec) and enqueue
+//     one task on the current stream. No host round trip.
+//  2. On the stream's worker: build CPU aliases of the device memory and run
+//     ATen's CPU kernel, writing straight into the outputs through the op's
+//     `out=` overload when there is one (else: functional kernel + one copy,
+//     counted in get_fallback_ops()).
+//  3. View ops only create metadata (the CPU kernel runs on aliases on the
+//     calling thread and the result is rewrapped on the vnpu storage).
+//  4. Ops whose outputs depend on data (dynamic_output_shape /
+//     data_dependent_output tags, non-tensor results) or that have no Meta
+//     kernel synchronize the stream and run on the calling thread.
+// Random ops receive a CPU generator seeded from the vnpu Generator's
+// (seed, offset), taken at enqueue time.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <functional>
+
+namespace at::vnpu {
+
+// The boxed PrivateUse1 fallback.
+void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                       torch::jit::Stack* stack);
+
+// Enqueues `kernel` on the current stream of `device` under `name`; the kernel
+// runs on the stream's worker with thread-local state prepared for ATen CPU
+// kernels. Errors surface at the next synchronization (RuntimeError).
+void launch(const char* name, DeviceIndex device, std::function<void()> kernel);
+
+// A vnpu tensor sharing `base`'s storage with `cpu_view`'s sizes, strides,
+// offset and dtype (cpu_view must alias base's storage).
+Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view);
+
+}  // namespace at::vnpu

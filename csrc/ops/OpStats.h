@@ -1,0 +1,20 @@
+// Which ops ran on vnpu and which took a slower path (torch.vnpu.get_executed_ops /
+// get_fallback_ops). Counts are per process; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace at::vnpu {
+
+// Counts one execution of `op` (e.g. "aten::add.Tensor").
+void record_executed(const std::string& op);
+// Records that `op` took a slower path, with the reason (first reason kept).
+void record_fallback(const std::string& op, const std::string& reason);
+std::map<std::string, uint64_t> executed_ops();
+// op -> {reason, count}
+std::map<std::string, std::pair<std::string, uint64_t>> fallback_ops();
+void reset_op_stats();
+
+}  // namespace at::vnpu

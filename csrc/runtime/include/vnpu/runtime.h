@@ -1,0 +1,156 @@
+// vnpu/runtime.h — the whole contract of the vNPU runtime ("driver").
+//
+// A CUDA-runtime-style C++17 API for the virtual NPU. It knows nothing about
+// tensors: it owns devices, device memory, streams, events, copies and kernel
+// launches (a kernel is a host callable run on the stream's worker thread).
+// A hardware port replaces exactly this library; everything above only uses
+// this header.
+//
+// Conventions (mirroring the CUDA runtime):
+//  * Every call returns a vnpuError_t and never throws across this boundary.
+//  * The current device is per host thread (vnpuSetDevice / vnpuGetDevice),
+//    default 0.
+//  * A null vnpuStream_t means the default stream of the current device.
+//  * Work submitted to a stream runs in submission order on that stream's
+//    worker thread; different streams run concurrently.
+//  * A kernel that throws records a per-device error naming the kernel. It is
+//    returned (once) by the next synchronizing call on that device
+//    (vnpuStreamSynchronize, vnpuEventSynchronize, vnpuDeviceSynchronize,
+//    vnpuMemcpy) and by vnpuGetLastError; the device stays usable afterwards.
+//    vnpuGetLastErrorString() gives the message.
+//  * VNPU_LAUNCH_BLOCKING=1 makes every launch and async copy wait for
+//    completion and return the kernel's error directly.
+//
+// Environment:
+//  VNPU_DEVICE_COUNT        number of physical devices (default 2, max 64)
+//  VNPU_VISIBLE_DEVICES     comma-separated physical ids, like CUDA_VISIBLE_DEVICES
+//  VNPU_MEMORY_PER_DEVICE   capacity in bytes, suffixes K/M/G/T (KiB...) (default 8G)
+//  VNPU_LAUNCH_BLOCKING     1 = synchronous execution
+//
+// Example:
+//   vnpuStream_t s;  vnpuStreamCreate(&s);
+//   void* d;         vnpuMalloc(&d, n);
+//   vnpuMemcpyAsync(d, host, n, vnpuMemcpyHostToDevice, s);
+//   vnpuLaunchKernel(s, "scale", [=] { scale(static_cast<float*>(d), n / 4); });
+//   vnpuMemcpyAsync(host, d, n, vnpuMemcpyDeviceToHost, s);
+//   vnpuStreamSynchronize(s);  // returns vnpuErrorLaunchFailure if "scale" threw
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+extern "C++" {
+
+enum vnpuError_t : int {
+  vnpuSuccess = 0,
+  vnpuErrorInvalidValue = 1,
+  vnpuErrorMemoryAllocation = 2,
+  vnpuErrorInvalidDevice = 3,
+  vnpuErrorNotReady = 4,            // query: work still pending (not a failure)
+  vnpuErrorInvalidResourceHandle = 5,
+  vnpuErrorLaunchFailure = 6,       // a kernel failed on the device
+  vnpuErrorForkedAfterInit = 7,     // runtime used in a child forked after init
+};
+
+enum vnpuMemcpyKind : int {
+  vnpuMemcpyHostToHost = 0,
+  vnpuMemcpyHostToDevice = 1,
+  vnpuMemcpyDeviceToHost = 2,
+  vnpuMemcpyDeviceToDevice = 3,
+};
+
+enum vnpuMemoryType : int {
+  vnpuMemoryTypeUnregistered = 0,   // ordinary (pageable) host memory
+  vnpuMemoryTypeHost = 1,           // pinned host memory from vnpuMallocHost
+  vnpuMemoryTypeDevice = 2,
+};
+
+struct vnpuPointerAttributes {
+  vnpuMemoryType type;
+  int device;        // device of the allocation, -1 for host memory
+  void* base;        // start of the allocation containing the pointer
+  size_t size;       // bytes of that allocation
+};
+
+struct vnpuDeviceProp {
+  char name[64];
+  size_t totalGlobalMem;      // bytes
+  int multiProcessorCount;    // worker cores the device may use
+  int major, minor;           // compute capability of the virtual ISA
+};
+
+using vnpuStream_t = struct vnpuStream_st*;
+using vnpuEvent_t = struct vnpuEvent_st*;
+using vnpuKernel_t = std::function<void()>;  // may throw; see error rules above
+
+// Event flags (CUDA's values).
+constexpr unsigned vnpuEventDefault = 0x0;
+constexpr unsigned vnpuEventDisableTiming = 0x2;
+
+const char* vnpuGetErrorString(vnpuError_t error);
+// Returns and clears the last asynchronous error of the current device.
+vnpuError_t vnpuGetLastError();
+vnpuError_t vnpuPeekAtLastError();
+// Message of the last error reported by this thread (e.g. the failing kernel).
+const char* vnpuGetLastErrorString();
+
+// Devices. vnpuGetDeviceCount reports 0 devices rather than failing.
+vnpuError_t vnpuGetDeviceCount(int* count);
+vnpuError_t vnpuSetDevice(int device);
+vnpuError_t vnpuGetDevice(int* device);
+vnpuError_t vnpuGetDeviceProperties(vnpuDeviceProp* prop, int device);
+vnpuError_t vnpuDeviceSynchronize();
+// 1 if any runtime call was made in this process before a fork() into it.
+int vnpuIsInBadFork();
+
+// Device memory: 4096-byte aligned, from the device's fixed-capacity region.
+vnpuError_t vnpuMalloc(void** ptr, size_t size);
+// Like cudaFree: waits for all work on the owning device first.
+vnpuError_t vnpuFree(void* ptr);
+vnpuError_t vnpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+// Pinned host memory.
+vnpuError_t vnpuMallocHost(void** ptr, size_t size);
+vnpuError_t vnpuFreeHost(void* ptr);
+vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* ptr);
+
+// Streams. Priorities: lower number = higher priority, range [-1, 0].
+vnpuError_t vnpuDeviceGetStreamPriorityRange(int* least, int* greatest);
+vnpuError_t vnpuStreamCreate(vnpuStream_t* stream);
+vnpuError_t vnpuStreamCreateWithPriority(vnpuStream_t* stream, unsigned flags, int priority);
+vnpuError_t vnpuStreamDestroy(vnpuStream_t stream);
+vnpuError_t vnpuStreamGetPriority(vnpuStream_t stream, int* priority);
+vnpuError_t vnpuStreamGetDevice(vnpuStream_t stream, int* device);
+vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream);
+vnpuError_t vnpuStreamQuery(vnpuStream_t stream);   // vnpuSuccess or vnpuErrorNotReady
+vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned flags = 0);
+// Handle of the default stream of `device` (never destroyed).
+vnpuError_t vnpuGetDefaultStream(int device, vnpuStream_t* stream);
+
+// Kernels: `name` appears in error messages ("kernel 'aten::index_select' failed ...").
+vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel);
+using vnpuHostFn_t = void (*)(void* user_data);
+vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data);
+
+// Events (CUDA semantics: a never-recorded event is complete; a wait or
+// synchronize refers to the record current at its call, even if the event is
+// re-recorded meanwhile; vnpuEventDestroy returns at once and the event is
+// released when queued work that uses it has run).
+vnpuError_t vnpuEventCreate(vnpuEvent_t* event);
+vnpuError_t vnpuEventCreateWithFlags(vnpuEvent_t* event, unsigned flags);
+vnpuError_t vnpuEventDestroy(vnpuEvent_t event);
+vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream);
+vnpuError_t vnpuEventQuery(vnpuEvent_t event);      // vnpuSuccess or vnpuErrorNotReady
+vnpuError_t vnpuEventSynchronize(vnpuEvent_t event);
+// Milliseconds between two completed events recorded with timing enabled.
+vnpuError_t vnpuEventElapsedTime(float* ms, vnpuEvent_t start, vnpuEvent_t end);
+
+// Copies. Async copies are stream-ordered. A host source that is not pinned is
+// staged at call time (the caller may reuse it at once); a pageable host
+// destination makes the call wait for completion (as CUDA does).
+vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpyKind kind,
+                            vnpuStream_t stream);
+vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind);
+vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream);
+
+}  // extern "C++"

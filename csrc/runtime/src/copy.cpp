@@ -1,0 +1,70 @@
+// Copies and memset as stream tasks.
+#include "internal.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+using namespace vnpu::rt;
+
+namespace {
+
+bool kind_ok(void* dst, const void* src, vnpuMemcpyKind kind) {
+  bool dst_dev = device_of(dst) >= 0, src_dev = device_of(src) >= 0;
+  switch (kind) {
+    case vnpuMemcpyHostToHost: return !dst_dev && !src_dev;
+    case vnpuMemcpyHostToDevice: return dst_dev && !src_dev;
+    case vnpuMemcpyDeviceToHost: return !dst_dev && src_dev;
+    case vnpuMemcpyDeviceToDevice: return dst_dev && src_dev;
+  }
+  return false;
+}
+
+vnpuError_t finish(vnpuStream_st* s, bool wait) {
+  if (!wait && !launch_blocking()) return vnpuSuccess;
+  s->wait_idle();
+  return take_device_error(s->device);
+}
+
+}  // namespace
+
+vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpyKind kind,
+                            vnpuStream_t stream) {
+  if (count == 0) return vnpuSuccess;
+  if (dst == nullptr || src == nullptr || !kind_ok(dst, src, kind)) return vnpuErrorInvalidValue;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  bool wait = false;
+  if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
+    // Stage pageable memory now so the caller may reuse its buffer at once.
+    std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
+    if (!staged) return vnpuErrorMemoryAllocation;
+    std::memcpy(staged.get(), src, count);
+    s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); });
+  } else {
+    const char* name = kind == vnpuMemcpyDeviceToHost ? "memcpy DtoH"
+                       : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
+                       : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
+                                                          : "memcpy HtoH";
+    s->submit(name, [dst, src, count] { std::memmove(dst, src, count); });
+    wait = kind == vnpuMemcpyDeviceToHost && !is_pinned(dst);  // pageable destination
+  }
+  return finish(s, wait);
+}
+
+vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind) {
+  vnpuError_t e = vnpuMemcpyAsync(dst, src, count, kind, nullptr);
+  if (e != vnpuSuccess) return e;
+  return vnpuStreamSynchronize(nullptr);
+}
+
+vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream) {
+  if (count == 0) return vnpuSuccess;
+  if (dst == nullptr || device_of(dst) < 0) return vnpuErrorInvalidValue;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  s->submit("memset", [dst, value, count] { std::memset(dst, value, count); });
+  return finish(s, false);
+}

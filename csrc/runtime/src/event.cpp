@@ -1,0 +1,117 @@
+// Events: markers recorded into a stream; CUDA semantics for wait/query/synchronize/elapsed time.
+#include "internal.h"
+
+#include <chrono>
+#include <memory>
+
+using namespace vnpu::rt;
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+vnpuError_t vnpuEventCreate(vnpuEvent_t* event) { return vnpuEventCreateWithFlags(event, 0); }
+
+vnpuError_t vnpuEventCreateWithFlags(vnpuEvent_t* event, unsigned flags) {
+  if (event == nullptr) return vnpuErrorInvalidValue;
+  auto e = std::make_shared<vnpuEvent_st>();
+  e->flags = flags;
+  e->handle_ref = e;  // See Note [Event lifetime and generations] (internal.h)
+  *event = e.get();
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuEventDestroy(vnpuEvent_t event) {
+  if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  // Like cudaEventDestroy: returns at once. Queued record/wait tasks hold their
+  // own reference, so the event is freed when the last of them has run. (The
+  // old "wait, then delete" freed it while a vnpuStreamWaitEvent task could
+  // still be blocked on its condition variable.) No device error is consumed.
+  std::shared_ptr<vnpuEvent_st> last_ref = std::move(event->handle_ref);
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
+  if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> g(event->mu);
+    gen = ++event->recorded;
+    event->pending.insert(gen);
+  }
+  s->submit("event record", [event = event->shared_from_this(), gen] {
+    {
+      std::lock_guard<std::mutex> g(event->mu);
+      event->pending.erase(gen);
+      if (gen > event->completed) {
+        event->completed = gen;
+        event->time_ns = now_ns();
+      }
+    }
+    event->cv.notify_all();
+  });
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuEventQuery(vnpuEvent_t event) {
+  if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  std::lock_guard<std::mutex> g(event->mu);
+  return event->pending.count(event->recorded) == 0 ? vnpuSuccess : vnpuErrorNotReady;
+}
+
+vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
+  if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // a pending record would never complete
+  std::unique_lock<std::mutex> lk(event->mu);
+  uint64_t target = event->recorded;  // See Note [Event lifetime and generations]
+  event->cv.wait(lk, [&] { return event->pending.count(target) == 0; });
+  lk.unlock();
+  return take_device_error(current_device());
+}
+
+vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned /*flags*/) {
+  if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> g(event->mu);
+    target = event->recorded;  // waits for the record current at call time only
+    if (event->pending.count(target) == 0) return vnpuSuccess;
+  }
+  // The task owns a reference: the handle may be destroyed while it waits.
+  s->submit("event wait", [event = event->shared_from_this(), target] {
+    std::unique_lock<std::mutex> lk(event->mu);
+    event->cv.wait(lk, [&] { return event->pending.count(target) == 0; });
+  });
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuEventElapsedTime(float* ms, vnpuEvent_t start, vnpuEvent_t end) {
+  if (ms == nullptr) return vnpuErrorInvalidValue;
+  if (start == nullptr || end == nullptr) return vnpuErrorInvalidResourceHandle;
+  if ((start->flags | end->flags) & vnpuEventDisableTiming) return vnpuErrorInvalidResourceHandle;
+  int64_t t0, t1;
+  {
+    std::lock_guard<std::mutex> g(start->mu);
+    if (start->recorded == 0) return vnpuErrorInvalidResourceHandle;
+    if (start->pending.count(start->recorded) != 0) return vnpuErrorNotReady;
+    t0 = start->time_ns;
+  }
+  {
+    std::lock_guard<std::mutex> g(end->mu);
+    if (end->recorded == 0) return vnpuErrorInvalidResourceHandle;
+    if (end->pending.count(end->recorded) != 0) return vnpuErrorNotReady;
+    t1 = end->time_ns;
+  }
+  *ms = static_cast<float>(static_cast<double>(t1 - t0) / 1e6);
+  return vnpuSuccess;
+}

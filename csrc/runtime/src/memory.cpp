@@ -1,0 +1,175 @@
+// Device memory (a fixed-capacity region per device) and pinned host memory.
+#include "internal.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+namespace vnpu::rt {
+namespace {
+
+constexpr size_t kAlignment = 4096;  // bytes; also the page size we give back to the OS
+
+std::mutex g_pinned_mu;                     // guards g_pinned
+std::map<uintptr_t, size_t> g_pinned;       // base -> bytes
+
+size_t round_up(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+// Sizes above this wrap round_up() around to a tiny value: reject them first.
+constexpr size_t kMaxRequest = SIZE_MAX - (kAlignment - 1);
+
+}  // namespace
+
+bool is_pinned(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> g(g_pinned_mu);
+  auto it = g_pinned.upper_bound(a);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return a < it->first + it->second;
+}
+
+int device_of(const void* p) {
+  auto* c = static_cast<const char*>(p);
+  for (Device* d : devices()) {
+    if (c >= d->mem.base && c < d->mem.base + d->mem.capacity) return d->index;
+  }
+  return -1;
+}
+
+}  // namespace vnpu::rt
+
+using namespace vnpu::rt;
+
+vnpuError_t vnpuMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) return vnpuErrorInvalidValue;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  int dev = current_device();
+  if (!valid_device(dev)) return vnpuErrorInvalidDevice;
+  if (size == 0) {
+    *ptr = nullptr;
+    return vnpuSuccess;
+  }
+  MemoryRegion& m = devices()[dev]->mem;
+  if (size > kMaxRequest) {  // would wrap to 0 and "succeed" with a block of no bytes
+    *ptr = nullptr;
+    return vnpuErrorMemoryAllocation;
+  }
+  size_t n = round_up(size);
+  std::lock_guard<std::mutex> g(m.mu);
+  // Best fit keeps large holes for large requests.
+  auto best = m.free_.end();
+  for (auto it = m.free_.begin(); it != m.free_.end(); ++it) {
+    if (it->second >= n && (best == m.free_.end() || it->second < best->second)) best = it;
+  }
+  if (best == m.free_.end()) {
+    *ptr = nullptr;
+    return vnpuErrorMemoryAllocation;
+  }
+  size_t off = best->first, len = best->second;
+  m.free_.erase(best);
+  if (len > n) m.free_[off + n] = len - n;
+  m.used_[off] = n;
+  m.used_bytes += n;
+  *ptr = m.base + off;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuFree(void* ptr) {
+  if (ptr == nullptr) return vnpuSuccess;
+  int dev = device_of(ptr);
+  if (dev < 0) return vnpuErrorInvalidValue;
+  // cudaFree semantics: no queued work may still touch the block.
+  int prev = current_device();
+  current_device() = dev;
+  vnpuError_t sync_err = vnpuDeviceSynchronize();
+  current_device() = prev;
+  MemoryRegion& m = devices()[dev]->mem;
+  size_t off = static_cast<size_t>(static_cast<char*>(ptr) - m.base);
+  std::lock_guard<std::mutex> g(m.mu);
+  auto it = m.used_.find(off);
+  if (it == m.used_.end()) return vnpuErrorInvalidValue;
+  size_t len = it->second;
+  m.used_.erase(it);
+  m.used_bytes -= len;
+  madvise(m.base + off, len, MADV_DONTNEED);  // give the RAM back; address range stays reserved
+  // Insert and coalesce with neighbours.
+  auto next = m.free_.lower_bound(off);
+  if (next != m.free_.end() && off + len == next->first) {
+    len += next->second;
+    next = m.free_.erase(next);
+  }
+  if (next != m.free_.begin()) {
+    auto prevb = std::prev(next);
+    if (prevb->first + prevb->second == off) {
+      prevb->second += len;
+      return sync_err;
+    }
+  }
+  m.free_[off] = len;
+  return sync_err;
+}
+
+vnpuError_t vnpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return vnpuErrorInvalidValue;
+  int dev = current_device();
+  if (!valid_device(dev)) return vnpuErrorInvalidDevice;
+  MemoryRegion& m = devices()[dev]->mem;
+  std::lock_guard<std::mutex> g(m.mu);
+  *total_bytes = m.capacity;
+  *free_bytes = m.capacity - m.used_bytes;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuMallocHost(void** ptr, size_t size) {
+  if (ptr == nullptr) return vnpuErrorInvalidValue;
+  if (size == 0) {
+    *ptr = nullptr;
+    return vnpuSuccess;
+  }
+  void* p = nullptr;
+  if (size > kMaxRequest) return vnpuErrorMemoryAllocation;  // see kMaxRequest
+  if (posix_memalign(&p, kAlignment, round_up(size)) != 0) return vnpuErrorMemoryAllocation;
+  {
+    std::lock_guard<std::mutex> g(g_pinned_mu);
+    g_pinned[reinterpret_cast<uintptr_t>(p)] = size;
+  }
+  *ptr = p;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuFreeHost(void* ptr) {
+  if (ptr == nullptr) return vnpuSuccess;
+  {
+    std::lock_guard<std::mutex> g(g_pinned_mu);
+    if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return vnpuErrorInvalidValue;
+  }
+  std::free(ptr);
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* ptr) {
+  if (attr == nullptr) return vnpuErrorInvalidValue;
+  *attr = {vnpuMemoryTypeUnregistered, -1, nullptr, 0};
+  auto a = reinterpret_cast<uintptr_t>(ptr);
+  int dev = device_of(ptr);
+  if (dev >= 0) {
+    MemoryRegion& m = devices()[dev]->mem;
+    size_t off = static_cast<size_t>(static_cast<const char*>(ptr) - m.base);
+    std::lock_guard<std::mutex> g(m.mu);
+    auto it = m.used_.upper_bound(off);
+    if (it != m.used_.begin()) {
+      --it;
+      if (off < it->first + it->second) *attr = {vnpuMemoryTypeDevice, dev, m.base + it->first, it->second};
+    }
+    return vnpuSuccess;
+  }
+  std::lock_guard<std::mutex> g(g_pinned_mu);
+  auto it = g_pinned.upper_bound(a);
+  if (it != g_pinned.begin()) {
+    --it;
+    if (a < it->first + it->second)
+      *attr = {vnpuMemoryTypeHost, -1, reinterpret_cast<void*>(it->first), it->second};
+  }
+  return vnpuSuccess;
+}

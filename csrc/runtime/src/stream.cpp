@@ -1,0 +1,183 @@
+// Streams: in-order task queues, each drained by its own worker thread; kernel launches.
+#include "internal.h"
+
+#include <pthread.h>
+
+#include <exception>
+
+namespace vnpu::rt {
+namespace {
+
+void run_worker(vnpuStream_st* s) {
+  char name[16];
+  std::snprintf(name, sizeof(name), "vnpu%d-s%p", s->device, static_cast<void*>(s));
+  pthread_setname_np(pthread_self(), name);
+  current_device() = s->device;
+  for (;;) {
+    vnpuStream_st::Task task;
+    {
+      std::unique_lock<std::mutex> lk(s->mu);
+      s->cv_work.wait(lk, [&] { return !s->queue.empty(); });
+      task = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    if (!task.fn) return;  // shutdown marker from vnpuStreamDestroy
+    try {
+      task.fn();
+    } catch (const std::exception& e) {
+      record_device_error(s->device, vnpuErrorLaunchFailure,
+                          "vNPU kernel '" + task.name + "' failed on vnpu:" +
+                              std::to_string(s->device) + ": " + e.what());
+    } catch (...) {
+      record_device_error(s->device, vnpuErrorLaunchFailure,
+                          "vNPU kernel '" + task.name + "' failed on vnpu:" +
+                              std::to_string(s->device) + " with an unknown exception");
+    }
+    {
+      std::lock_guard<std::mutex> lk(s->mu);
+      ++s->completed;
+    }
+    s->cv_done.notify_all();
+  }
+}
+
+}  // namespace
+
+vnpuStream_st* resolve(vnpuStream_t s) {
+  if (s != nullptr) return s;
+  int dev = current_device();
+  return valid_device(dev) ? devices()[dev]->default_stream : nullptr;
+}
+
+}  // namespace vnpu::rt
+
+using namespace vnpu::rt;
+
+void vnpuStream_st::submit(std::string name, vnpuKernel_t fn) {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!worker_started) {
+      worker_started = true;
+      std::thread(run_worker, this).detach();
+    }
+    queue.push_back(Task{std::move(name), std::move(fn)});
+    ++submitted;
+  }
+  cv_work.notify_one();
+}
+
+void vnpuStream_st::wait_idle() {
+  std::unique_lock<std::mutex> lk(mu);
+  uint64_t target = submitted;
+  cv_done.wait(lk, [&] { return completed >= target; });
+}
+
+bool vnpuStream_st::idle() {
+  std::lock_guard<std::mutex> lk(mu);
+  return completed == submitted;
+}
+
+vnpuError_t vnpuDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least == nullptr || greatest == nullptr) return vnpuErrorInvalidValue;
+  *least = 0;
+  *greatest = -1;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamCreate(vnpuStream_t* stream) {
+  return vnpuStreamCreateWithPriority(stream, 0, 0);
+}
+
+vnpuError_t vnpuStreamCreateWithPriority(vnpuStream_t* stream, unsigned /*flags*/, int priority) {
+  if (stream == nullptr) return vnpuErrorInvalidValue;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  int dev = current_device();
+  if (!valid_device(dev)) return vnpuErrorInvalidDevice;
+  auto* s = new vnpuStream_st();
+  s->device = dev;
+  s->priority = priority < -1 ? -1 : (priority > 0 ? 0 : priority);  // clamp like CUDA
+  Device* d = devices()[dev];
+  std::lock_guard<std::mutex> g(d->streams_mu);
+  d->streams.push_back(s);
+  *stream = s;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamDestroy(vnpuStream_t stream) {
+  if (stream == nullptr || stream->is_default) return vnpuErrorInvalidResourceHandle;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // waiting for pending work would hang
+  Device* d = devices()[stream->device];
+  {
+    std::lock_guard<std::mutex> g(d->streams_mu);
+    auto& v = d->streams;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (*it == stream) {
+        v.erase(it);
+        break;
+      }
+    }
+  }
+  // CUDA lets pending work finish; the worker exits at the marker. The stream
+  // object itself is kept (a few bytes) because the detached worker may still
+  // be touching it while it wakes up.
+  stream->wait_idle();
+  {
+    std::lock_guard<std::mutex> lk(stream->mu);
+    if (stream->worker_started) stream->queue.push_back({"", nullptr});
+  }
+  stream->cv_work.notify_one();
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamGetPriority(vnpuStream_t stream, int* priority) {
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr || priority == nullptr) return vnpuErrorInvalidValue;
+  *priority = s->priority;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamGetDevice(vnpuStream_t stream, int* device) {
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr || device == nullptr) return vnpuErrorInvalidValue;
+  *device = s->device;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuGetDefaultStream(int device, vnpuStream_t* stream) {
+  if (stream == nullptr) return vnpuErrorInvalidValue;
+  if (!valid_device(device)) return vnpuErrorInvalidDevice;
+  *stream = devices()[device]->default_stream;
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  s->wait_idle();
+  return take_device_error(s->device);
+}
+
+vnpuError_t vnpuStreamQuery(vnpuStream_t stream) {
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  return s->idle() ? vnpuSuccess : vnpuErrorNotReady;
+}
+
+vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel) {
+  if (!kernel) return vnpuErrorInvalidValue;
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel));
+  if (launch_blocking()) {
+    s->wait_idle();
+    return take_device_error(s->device);
+  }
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return vnpuErrorInvalidValue;
+  return vnpuLaunchKernel(stream, "host function", [fn, user_data] { fn(user_data); });
+}

@@ -1,0 +1,35 @@
+"""torch_vnpu: the virtual NPU ("vnpu") as a native PyTorch device.
+
+Importing this package (which ``import torch`` does on its own through the
+``torch.backends`` entry point; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables
+that) renames PyTorch's PrivateUse1 backend to ``vnpu``, loads the native
+extension (runtime, allocator, executor, generator, autocast) and installs the
+``torch.vnpu`` device module, which mirrors ``torch.cuda``.
+"""
+
+import torch
+
+__all__ = ["vnpu"]
+
+_BACKEND = "vnpu"
+
+
+def _register() -> None:
+    if torch._C._get_privateuse1_backend_name() != _BACKEND:
+        torch.utils.rename_privateuse1_backend(_BACKEND)
+    from . import _C  # noqa: F401  (registers kernels, hooks, allocators)
+    from . import vnpu
+
+    if not hasattr(torch, _BACKEND):
+        torch._register_device_module(_BACKEND, vnpu)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+    vnpu._install_at_exit()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: the import registered everything."""
+
+
+_register()

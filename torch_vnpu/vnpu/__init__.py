@@ -1,0 +1,225 @@
+"""``torch.vnpu``: the device module of the virtual NPU, mirroring ``torch.cuda``.
+
+Semantics follow ``torch.cuda``: a current device per host thread, a current
+stream per device and thread, asynchronous kernels whose errors surface at the
+next synchronizing call (``VNPU_LAUNCH_BLOCKING=1`` raises them at once), a
+caching allocator whose statistics use the ``torch.cuda.memory_stats`` format.
+Devices: ``VNPU_DEVICE_COUNT`` (default 2), ``VNPU_VISIBLE_DEVICES``; memory
+per device: ``VNPU_MEMORY_PER_DEVICE`` (bytes, K/M/G suffixes; default 8G).
+"""
+
+import atexit
+import threading
+from typing import Any, NamedTuple, Optional, Union
+
+import torch
+
+from .. import _C
+from . import amp, memory, random, streams  # noqa: F401
+from .memory import (
+    empty_cache,
+    get_fallback_ops,
+    get_executed_ops,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_op_stats,
+    reset_peak_memory_stats,
+)
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream, StreamContext
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
+    "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_executed_ops", "get_fallback_ops",
+    "get_rng_state", "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
+    "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
+    "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
+    "synchronize",
+]
+
+_initialized = False
+_init_lock = threading.Lock()
+
+_device_t = Union[torch.device, str, int, None]
+
+
+def _lazy_init() -> None:
+    """Initializes the device on first use; refuses to run in a bad fork (as CUDA)."""
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        if _C._is_in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize vNPU in forked subprocess. To use vNPU with multiprocessing, "
+                "you must use the 'spawn' start method"
+            )
+        _initialized = True
+
+
+def _get_device_index(device: _device_t, optional: bool = True) -> int:
+    """Index of ``device`` (torch.device, 'vnpu:1', int, or None for the current device)."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "vnpu":
+            raise ValueError(f"Expected a vnpu device, but got: {device}")
+        device = device.index
+    if device is None:
+        if not optional:
+            raise ValueError("Expected a vnpu device with a specified index or an integer, but got: None")
+        return current_device()
+    return int(device)
+
+
+def is_available() -> bool:
+    """True if at least one vNPU device is visible. Never raises."""
+    return device_count() > 0
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def init() -> None:
+    """Initializes vNPU state explicitly (it otherwise happens on first use)."""
+    _lazy_init()
+
+
+def device_count() -> int:
+    """Number of visible devices (``VNPU_DEVICE_COUNT``/``VNPU_VISIBLE_DEVICES``). Never raises."""
+    return int(_C._device_count())
+
+
+def current_device() -> int:
+    """Index of the current device of this thread (default 0)."""
+    _lazy_init()
+    return int(_C._current_device())
+
+
+def set_device(device: _device_t) -> None:
+    """Sets the current device. Raises RuntimeError for an index outside [0, device_count())."""
+    _lazy_init()
+    index = _get_device_index(device)
+    if index >= 0:
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current device (like ``torch.cuda.device``)."""
+
+    def __init__(self, device: _device_t):
+        self.idx = _get_device_index(device, optional=True) if device is not None else -1
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            _lazy_init()
+            self.prev_idx = int(_C._exchange_device(self.idx))
+
+    def __exit__(self, *args: Any):
+        if self.prev_idx >= 0:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "vnpu" else None)
+
+
+def synchronize(device: _device_t = None) -> None:
+    """Waits for all work on ``device``; raises RuntimeError for a kernel that failed asynchronously."""
+    _lazy_init()
+    _C._synchronize(_get_device_index(device))
+
+
+class _DeviceProperties(NamedTuple):
+    name: str
+    total_memory: int  # bytes
+    multi_processor_count: int
+    major: int
+    minor: int
+
+    def __repr__(self) -> str:
+        return (
+            f"_VnpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def get_device_properties(device: _device_t = None) -> _DeviceProperties:
+    """Name, total_memory (bytes), multi_processor_count, major, minor of ``device``."""
+    _lazy_init()
+    return _DeviceProperties(*_C._get_device_properties(_get_device_index(device)))
+
+
+def get_device_name(device: _device_t = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _device_t = None) -> tuple:
+    """(major, minor) of the virtual ISA."""
+    p = get_device_properties(device)
+    return (p.major, p.minor)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is supported natively (kernels are ATen's CPU kernels)."""
+    return True
+
+
+def get_amp_supported_dtype() -> list:
+    """Dtypes accepted by ``torch.autocast("vnpu", dtype=...)``."""
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _is_in_bad_fork() -> bool:
+    return bool(_C._is_in_bad_fork())
+
+
+_at_exit_installed = False
+
+
+def _install_at_exit() -> None:
+    # Let queued kernels finish before the interpreter tears down ATen state.
+    global _at_exit_installed
+    if not _at_exit_installed:
+        _at_exit_installed = True
+        atexit.register(_drain_at_exit)
+
+
+def _drain_at_exit() -> None:
+    if _initialized and not _is_in_bad_fork():
+        for i in range(device_count()):
+            try:
+                _C._synchronize(i)
+            except RuntimeError:
+                pass
