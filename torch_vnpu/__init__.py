@@ -17,7 +17,14 @@ _BACKEND = "vnpu"
 def _register() -> None:
     if torch._C._get_privateuse1_backend_name() != _BACKEND:
         torch.utils.rename_privateuse1_backend(_BACKEND)
-    from . import _C  # noqa: F401  (registers kernels, hooks, allocators)
+    try:
+        from . import _C  # noqa: F401  (registers kernels, hooks, allocators)
+    except ImportError as e:
+        raise ImportError(
+            f"torch_vnpu was imported from {__path__[0]}, which has no compiled extension (_C). "
+            "Install the package (`make install` or `pip install --no-build-isolation .`) and run "
+            "Python from outside the source tree, or set TORCH_DEVICE_BACKEND_AUTOLOAD=0."
+        ) from e
     from . import vnpu
 
     if not hasattr(torch, _BACKEND):

@@ -39,3 +39,6 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 }
 
 }  // namespace at::vnpu
+
+// Ops outside the policy lists run unchanged under autocast.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }

@@ -397,6 +397,7 @@ void run_plan(const Plan& p) {
   p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
   for (size_t i = 0; i < p.outs.size(); ++i) {
     IValue dst = materialize(p.outs[i], ctx);
+    if (dst.isNone()) continue;
     if (dst.isTensor()) {
       if (dst.toTensor().defined()) dst.toTensor().copy_(s[i].toTensor());
     } else if (dst.isTensorList()) {
@@ -546,7 +547,12 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     }
     plan->outs.push_back(std::move(out));
   }
-  if (info.out_op && !plan->outs.empty()) {
+  // out= kernels need every output; optional outputs the op leaves undefined
+  // (e.g. convolution_backward's output_mask) take the functional kernel.
+  bool all_defined = true;
+  for (const auto& o : plan->outs)
+    for (const auto& sp : o.specs) all_defined &= sp.defined;
+  if (info.out_op && !plan->outs.empty() && all_defined) {
     plan->op = *info.out_op;
     plan->out_variant = true;
   }
@@ -670,7 +676,12 @@ void launch(const char* name, DeviceIndex device, std::function<void()> kernel) 
   VNPU_CHECK(vnpuLaunchKernel(stream.stream(), name, [k = std::move(kernel)] {
     prepare_worker_thread();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    k();
+    try {
+      k();
+    } catch (const c10::Error& e) {
+      // The message without the C++ backtrace; the runtime names the kernel.
+      throw std::runtime_error(e.what_without_backtrace());
+    }
   }));
 }
 

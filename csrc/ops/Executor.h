@@ -35,6 +35,10 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // kernels. Errors surface at the next synchronization (RuntimeError).
 void launch(const char* name, DeviceIndex device, std::function<void()> kernel);
 
+// Routes ops that have a CPU kernel and a CompositeExplicitAutograd kernel to
+// the executor, so vnpu runs CPU's kernel (see Overrides.cpp). Idempotent.
+void register_cpu_kernel_overrides();
+
 // A vnpu tensor sharing `base`'s storage with `cpu_view`'s sizes, strides,
 // offset and dtype (cpu_view must alias base's storage).
 Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view);

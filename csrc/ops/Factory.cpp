@@ -121,9 +121,21 @@ Tensor reshape_alias(const Tensor& self, c10::SymIntArrayRef size, c10::SymIntAr
   return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
+// Lets `module.to("vnpu")` swap parameter data in place (param.data = ...),
+// as for CUDA, so tied weights stay tied. TensorImpl's own check only knows
+// the built-in dense backends (see OpenRegMinimal.cpp for the same override).
+bool has_compatible_shallow_copy_type(const Tensor& self, const Tensor& from) {
+  auto dense = [](const Tensor& t) {
+    return t.layout() == Layout::Strided && (t.device().is_cpu() || t.device().type() == DeviceType::PrivateUse1);
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));

@@ -6,6 +6,7 @@
 #include "../core/VNPUHooks.h"
 #include "../core/VNPUHostAllocator.h"
 #include "../core/VNPUStream.h"
+#include "../ops/Executor.h"
 #include "../ops/OpStats.h"
 
 #include <pybind11/pybind11.h>
@@ -103,6 +104,7 @@ py::tuple stream_tuple(const c10::vnpu::VNPUStream& s) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_vnpu native bindings (private; use torch.vnpu)";
   at::vnpu::register_hooks();
+  at::vnpu::register_cpu_kernel_overrides();
 
   m.def("_device_count", &c10::vnpu::device_count);
   m.def("_current_device", &c10::vnpu::current_device);

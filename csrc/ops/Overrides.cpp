@@ -1,0 +1,103 @@
+// Kernels chosen so vnpu runs exactly CPU's kernels, not a decomposition.
+//
+// * Ops with both a CPU kernel and a CompositeExplicitAutograd kernel would
+//   take the composite one on vnpu (a backend fallback loses to composites),
+//   e.g. native_layer_norm decomposing into batch norm. They are routed to the
+//   executor instead, which runs the CPU kernel (same numerics as CPU).
+// * scaled_dot_product_attention asks a per-device stub which fused kernel to
+//   use; vnpu answers exactly as CPU does (flash attention for CPU when
+//   eligible), from the tensors' metadata only.
+#include "CpuAlias.h"
+#include "Executor.h"
+
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
+#include <torch/library.h>
+
+namespace at::vnpu {
+namespace {
+
+Tensor cpu_meta_view(const Tensor& t, AliasContext& ctx) {
+  if (!t.defined()) return t;
+  Tensor a = ctx.make(spec_of(t));
+  a.set_requires_grad(t.requires_grad());
+  return a;
+}
+
+}  // namespace
+
+int64_t fused_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
+                         double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  AliasContext ctx;  // metadata only: the CPU choice never reads the data
+  std::optional<Tensor> m;
+  if (mask.has_value()) m = cpu_meta_view(*mask, ctx);
+  return at::native::_fused_sdp_choice_cpp(cpu_meta_view(q, ctx), cpu_meta_view(k, ctx), cpu_meta_view(v, ctx), m,
+                                           dropout_p, is_causal, scale, enable_gqa);
+}
+
+namespace {
+
+}  // namespace
+
+void register_cpu_kernel_overrides() {
+  static torch::Library* lib = [] {
+    auto* l = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = c10::Dispatcher::singleton().findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
+          !op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd))
+        continue;
+      bool view = false;
+      for (const auto& r : op->schema().returns()) view |= r.alias_info() && !r.alias_info()->isWrite();
+      if (view) continue;  // views stay metadata-only composites
+      std::string short_name = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      l->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
+    }
+    return l;
+  }();
+  (void)lib;
+}
+
+}  // namespace at::vnpu
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &at::vnpu::fused_sdp_choice)
+}  // namespace at::native
+
+// Convolutions: ATen sends non-CPU/CUDA devices to the *_overrideable ops.
+// vnpu runs them as the generic convolution ops, whose CPU kernels pick the
+// same algorithm as on CPU (same argument lists, bias_sizes absent).
+namespace at::vnpu {
+namespace {
+
+void convolution_overrideable(const c10::OperatorHandle&, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  executor_fallback(conv, ks, stack);
+}
+
+void convolution_backward_overrideable(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                                       torch::jit::Stack* stack) {
+  static const auto bw = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+  // bias_sizes: the bias length (output channels), which the Meta kernel needs for grad_bias.
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  auto args = stack->end() - n;
+  const Tensor& weight = args[2].toTensor();
+  const bool transposed = args[6].toBool();
+  const int64_t groups = args[8].toInt();
+  int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+  stack->insert(args + 3, c10::IValue(std::vector<int64_t>{channels}));
+  executor_fallback(bw, ks, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
+  m.impl("convolution_backward_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
+}
+
+}  // namespace at::vnpu
