@@ -212,7 +212,7 @@ def main(argv=None):
     bitwise = cpu["train"] == vnpu["train"]
     summary = {"steps": args.steps, "max_rel_diff": rel, "bitwise_equal": bitwise,
                "cpu_seconds": cpu["seconds"], "vnpu_seconds": vnpu["seconds"],
-               "fallback_ops": torch.vnpu.get_fallback_ops()}
+               "fallback_ops": torch.vnpu.get_fallback_ops(), "extra_copy_ops": torch.vnpu.get_extra_copy_ops()}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "losses.json"), "w") as f:
         json.dump({"cpu": cpu, "vnpu": vnpu, "summary": summary}, f)

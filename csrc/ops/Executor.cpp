@@ -215,7 +215,6 @@ OpInfo compute_info(const c10::OperatorHandle& op) {
   }
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
-    if (!info.out_op) info.slow_reason = "no out= overload: functional kernel plus one extra copy";
   }
   return info;
 }
@@ -556,6 +555,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     plan->op = *info.out_op;
     plan->out_variant = true;
   }
+  if (!plan->out_variant && !plan->outs.empty()) record_extra_copy(info.name);
   launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
 
   torch::jit::drop(*stack, n);

@@ -7,6 +7,7 @@ namespace at::vnpu {
 namespace {
 std::mutex g_mu;  // guards both maps
 std::unordered_map<std::string, uint64_t> g_executed;
+std::unordered_map<std::string, uint64_t> g_extra_copy;
 std::unordered_map<std::string, std::pair<std::string, uint64_t>> g_fallback;
 }  // namespace
 
@@ -22,6 +23,16 @@ void record_fallback(const std::string& op, const std::string& reason) {
   ++e.second;
 }
 
+void record_extra_copy(const std::string& op) {
+  std::lock_guard<std::mutex> g(g_mu);
+  ++g_extra_copy[op];
+}
+
+std::map<std::string, uint64_t> extra_copy_ops() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return {g_extra_copy.begin(), g_extra_copy.end()};
+}
+
 std::map<std::string, uint64_t> executed_ops() {
   std::lock_guard<std::mutex> g(g_mu);
   return {g_executed.begin(), g_executed.end()};
@@ -35,6 +46,7 @@ std::map<std::string, std::pair<std::string, uint64_t>> fallback_ops() {
 void reset_op_stats() {
   std::lock_guard<std::mutex> g(g_mu);
   g_executed.clear();
+  g_extra_copy.clear();
   g_fallback.clear();
 }
 

@@ -10,9 +10,14 @@ namespace at::vnpu {
 
 // Counts one execution of `op` (e.g. "aten::add.Tensor").
 void record_executed(const std::string& op);
-// Records that `op` took a slower path, with the reason (first reason kept).
+// Records that `op` took a slower path (synchronized and ran on the host thread), with the reason (first reason kept).
 void record_fallback(const std::string& op, const std::string& reason);
+// Counts one run of `op` whose kernel has no out= form: its result is computed
+// into fresh memory and copied into the device output on the stream (no
+// synchronization, one extra device-side copy).
+void record_extra_copy(const std::string& op);
 std::map<std::string, uint64_t> executed_ops();
+std::map<std::string, uint64_t> extra_copy_ops();
 // op -> {reason, count}
 std::map<std::string, std::pair<std::string, uint64_t>> fallback_ops();
 void reset_op_stats();

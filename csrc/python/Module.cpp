@@ -152,5 +152,6 @@ PYBIND11_MODULE(_C, m) {
   // Op tracking.
   m.def("_executed_ops", &at::vnpu::executed_ops);
   m.def("_fallback_ops", &at::vnpu::fallback_ops);
+  m.def("_extra_copy_ops", &at::vnpu::extra_copy_ops);
   m.def("_reset_op_stats", &at::vnpu::reset_op_stats);
 }

@@ -127,8 +127,17 @@ def get_executed_ops() -> Dict[str, int]:
 
 def get_fallback_ops() -> Dict[str, Dict[str, Any]]:
     """{op name: {"reason": str, "count": int}} of ops that took a slower path than one
-    stream-ordered kernel (no Meta kernel: ran synchronously; no out= overload: one extra copy)."""
+    stream-ordered kernel: they synchronized the stream and ran on the calling thread because their
+    output metadata could not be inferred (no or failing Meta kernel). Ops whose outputs depend on
+    the data (nonzero, unique, boolean masks, .item()) synchronize as on CUDA and are not listed."""
     return {k: {"reason": r, "count": c} for k, (r, c) in _C._fallback_ops().items()}
+
+
+def get_extra_copy_ops() -> Dict[str, int]:
+    """{op name: calls} of ops whose CPU kernel has no out= form: the result is computed into fresh
+    memory on the stream's worker and copied into the device output (no synchronization, no host
+    round trip; one extra device-side copy)."""
+    return dict(_C._extra_copy_ops())
 
 
 def reset_op_stats() -> None:
