@@ -17,6 +17,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -143,6 +144,7 @@ struct OpInfo {
   std::vector<bool> mutable_arg;     // per argument
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
+  std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
 
@@ -180,9 +182,8 @@ bool is_tensor_like(const c10::TypePtr& t) {
   return false;
 }
 
-OpInfo compute_info(const c10::OperatorHandle& op) {
+void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
-  OpInfo info;
   info.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   for (const auto& a : schema.arguments()) info.mutable_arg.push_back(a.alias_info() && a.alias_info()->isWrite());
   for (bool b : info.mutable_arg) info.any_mutable |= b;
@@ -216,7 +217,6 @@ OpInfo compute_info(const c10::OperatorHandle& op) {
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
   }
-  return info;
 }
 
 OpInfo& op_info(const c10::OperatorHandle& op) {
@@ -224,7 +224,10 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
   static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> cache;
   std::lock_guard<std::mutex> g(mu);
   auto& slot = cache[&op.schema()];
-  if (!slot) slot = std::make_unique<OpInfo>(compute_info(op));
+  if (!slot) {
+    slot = std::make_unique<OpInfo>();
+    compute_info(*slot, op);
+  }
   return *slot;
 }
 
@@ -369,10 +372,12 @@ IValue materialize(const Slot& s, AliasContext& ctx) {
 }
 
 struct Plan {
-  c10::OperatorHandle op;       // the kernel to call (the out= overload when present)
+  explicit Plan(c10::OperatorHandle o) : op(std::move(o)) {}
+  c10::OperatorHandle op;       // the functional op
+  std::optional<c10::OperatorHandle> out_op;  // its out= overload, when used
   std::vector<Slot> args;
   std::vector<Slot> outs;       // appended as out= args, or copy targets
-  bool out_variant = false;
+  std::atomic<bool>* out_unusable = nullptr;  // OpInfo flag set when out= cannot be used
 };
 
 void prepare_worker_thread() {
@@ -388,10 +393,20 @@ void run_plan(const Plan& p) {
   Stack s;
   s.reserve(p.args.size() + p.outs.size());
   for (const auto& a : p.args) s.push_back(materialize(a, ctx));
-  if (p.out_variant) {
+  if (p.out_op) {
     for (const auto& o : p.outs) s.push_back(materialize(o, ctx));
-    p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
-    return;
+    try {
+      p.out_op->redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+      return;
+    } catch (const c10::Error& e) {
+      // Some out= kernels use their output as scratch of another shape (e.g.
+      // binary_cross_entropy.out); device memory cannot grow under them. Use
+      // the functional kernel for this op from now on.
+      if (std::string(e.what_without_backtrace()).find("not resizable") == std::string::npos) throw;
+      p.out_unusable->store(true);
+    }
+    s.clear();
+    for (const auto& a : p.args) s.push_back(materialize(a, ctx));
   }
   p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
   for (size_t i = 0; i < p.outs.size(); ++i) {
@@ -505,6 +520,18 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
+  // Note [Empty inputs run synchronously]: with nothing to compute, a stream
+  // sync is the only cost, and CPU's kernel then raises its argument errors
+  // (e.g. max() of an empty tensor) at the call, as CPU and CUDA do.
+  // Likewise an index argument of a non-integer dtype: Meta kernels do not all
+  // check it, CPU's raises at the call.
+  for (size_t i = 0; i < n; ++i) {
+    if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
+    const Tensor& t = args[i].toTensor();
+    const auto& name = schema.arguments()[i].name();
+    if (t.numel() == 0 || ((name == "index" || name == "indices") && !isIntegralType(t.scalar_type(), true)))
+      return run_sync(op, info, stack, dev);
+  }
   std::shared_ptr<const MetaResult> meta = infer_meta(op, info, args);
   if (meta->sync) {
     if (!meta->reason.empty()) record_fallback(info.name, meta->reason);
@@ -512,7 +539,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   }
   for (const auto& [i, m] : meta->mutated) apply_layout(args[i].toTensor(), m);
 
-  auto plan = std::make_shared<Plan>(Plan{op, {}, {}, false});
+  auto plan = std::make_shared<Plan>(op);
+  plan->out_unusable = &info.out_unusable;
   const int64_t numel = max_numel(args);
   plan->args.reserve(n);
   for (size_t i = 0; i < n; ++i) plan->args.push_back(make_slot(args[i], schema.arguments()[i], dev, numel));
@@ -551,11 +579,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   bool all_defined = true;
   for (const auto& o : plan->outs)
     for (const auto& sp : o.specs) all_defined &= sp.defined;
-  if (info.out_op && !plan->outs.empty() && all_defined) {
-    plan->op = *info.out_op;
-    plan->out_variant = true;
-  }
-  if (!plan->out_variant && !plan->outs.empty()) record_extra_copy(info.name);
+  if (info.out_op && !plan->outs.empty() && all_defined && !info.out_unusable.load()) plan->out_op = info.out_op;
+  if (!plan->out_op && !plan->outs.empty()) record_extra_copy(info.name);
   launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
 
   torch::jit::drop(*stack, n);
@@ -695,9 +720,30 @@ Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view) {
   return r;
 }
 
+// CUDA accepts CPU index tensors in advanced indexing (x[cpu_idx], x[cpu_mask] = v)
+// and moves them to the device; so does vnpu. Other CPU tensors are errors.
+void move_cpu_indices(const c10::OperatorHandle& op, Stack* stack) {
+  const auto& schema = op.schema();
+  if (schema.name().rfind("aten::index", 0) != 0 && schema.name() != "aten::_index_put_impl_") return;
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  if (n < 2 || !args[0].isTensor() || args[0].toTensor().device().type() != kVNPU || !args[1].isList()) return;
+  const Device dev = args[0].toTensor().device();
+  bool any_cpu = false;
+  for (const IValue& e : args[1].toListRef()) any_cpu |= e.isTensor() && e.toTensor().defined() && e.toTensor().is_cpu();
+  if (!any_cpu) return;
+  c10::List<std::optional<Tensor>> moved;
+  for (const IValue& e : args[1].toListRef()) {
+    if (!e.isTensor() || !e.toTensor().defined()) moved.push_back(std::nullopt);
+    else moved.push_back(e.toTensor().is_cpu() ? e.toTensor().to(dev) : e.toTensor());
+  }
+  (*stack)[stack->size() - n + 1] = moved;
+}
+
 void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   OpInfo& info = op_info(op);
   const size_t n = op.schema().arguments().size();
+  move_cpu_indices(op, stack);
   DeviceFinder finder;
   for (const auto& a : torch::jit::last(*stack, n)) finder.value(a);
   DeviceIndex dev = finder.dev >= 0 ? finder.dev : c10::vnpu::current_device();

@@ -1,0 +1,158 @@
+"""Device mismatches and invalid device indices raise like CUDA; CPU scalars and CPU index tensors are
+accepted like on CUDA."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEV = "vnpu"
+SAME_DEVICE = "Expected all tensors to be on the same device"
+
+
+@pytest.fixture
+def xy():
+    torch.manual_seed(0)
+    return torch.randn(3, 3, device=DEV), torch.randn(3, 3)
+
+
+MIXED_OPS = {
+    "add": lambda x, y: x + y,
+    "radd": lambda x, y: y + x,
+    "mul": lambda x, y: torch.mul(x, y),
+    "mm": lambda x, y: torch.mm(x, y),
+    "rmm": lambda x, y: torch.mm(y, x),
+    "matmul": lambda x, y: x @ y,
+    "linear": lambda x, y: F.linear(x, y),
+    "cat": lambda x, y: torch.cat([x, y]),
+    "where": lambda x, y: torch.where(x > 0, x, y),
+    "inplace_add": lambda x, y: x.add_(y),
+    "addmm": lambda x, y: torch.addmm(x, x, y),
+}
+
+
+@pytest.mark.parametrize("op", list(MIXED_OPS))
+def test_vnpu_and_cpu_tensor_mix_raises(op, xy):
+    x, y = xy
+    x_before = x.cpu()
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        MIXED_OPS[op](x, y)
+    torch.vnpu.synchronize()  # raised on the host, nothing sticky left behind
+    assert torch.equal(x.cpu(), x_before), "a rejected in-place op must not write"
+
+
+def test_message_names_both_devices(xy):
+    x, y = xy
+    with pytest.raises(RuntimeError) as ei:
+        x + y
+    msg = str(ei.value)
+    assert "vnpu:0" in msg and "cpu" in msg
+
+
+@pytest.mark.parametrize("op", ["add", "mm"])
+def test_two_vnpu_devices_mix_raises(op):
+    a = torch.randn(3, 3, device="vnpu:0")
+    b = torch.randn(3, 3, device="vnpu:1")
+    with pytest.raises(RuntimeError, match=SAME_DEVICE) as ei:
+        MIXED_OPS[op](a, b)
+    assert "vnpu:0" in str(ei.value) and "vnpu:1" in str(ei.value)
+    # A 0-dim tensor on another *vnpu* device is not a CPU scalar: rejected as on CUDA.
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        a + torch.tensor(1.0, device="vnpu:1")
+
+
+ZERO_DIM_OPS = {
+    "add": lambda x, s: x + s,
+    "radd": lambda x, s: s + x,
+    "mul": lambda x, s: x * s,
+    "div": lambda x, s: x / s,
+    "pow": lambda x, s: x ** s,
+    "where": lambda x, s: torch.where(x > 0, x, s),
+    "maximum": lambda x, s: torch.maximum(x, s),
+    "inplace_mul": lambda x, s: x.clone().mul_(s),
+    "addcmul": lambda x, s: torch.addcmul(x, x, x, value=2.0) + s,
+}
+
+
+@pytest.mark.parametrize("op", list(ZERO_DIM_OPS))
+def test_zero_dim_cpu_tensor_accepted(op, xy):
+    x, _ = xy
+    s = torch.tensor(2.0)
+    out = ZERO_DIM_OPS[op](x, s)
+    assert out.device == torch.device("vnpu:0")
+    torch.testing.assert_close(out.cpu(), ZERO_DIM_OPS[op](x.cpu(), s))
+
+
+def test_zero_dim_cpu_int_and_bool_scalars(xy):
+    x, _ = xy
+    out = x * torch.tensor(3)
+    assert out.dtype == torch.float32  # type promotion as for a CPU scalar
+    torch.testing.assert_close(out.cpu(), x.cpu() * 3)
+    xi = torch.arange(6, device=DEV)
+    assert torch.equal((xi + torch.tensor(True)).cpu(), torch.arange(6) + 1)
+
+
+def test_cpu_index_tensors_accepted_as_on_cuda():
+    # CUDA accepts CPU index tensors for indexing and index_put_ (test_indexing.py::test_cpu_indices).
+    x = torch.ones(10, device=DEV)
+    idx = torch.tensor([0, 1])
+    x[idx] = torch.zeros(2, device=DEV)  # index_put_
+    ref = torch.ones(10)
+    ref[:2] = 0
+    assert torch.equal(x.cpu(), ref)
+    out = x[idx]  # index
+    assert out.device == torch.device("vnpu:0")
+    assert torch.equal(out.cpu(), torch.zeros(2))
+    m = torch.tensor([True, False] * 5)
+    assert torch.equal(x[m].cpu(), ref[m])
+
+
+def test_invalid_device_index_in_factory():
+    torch.device("vnpu:7")  # constructing the device object itself is fine
+    for fn in (lambda: torch.empty(2, device="vnpu:7"),
+               lambda: torch.zeros(2, 3, device=torch.device("vnpu", 7)),
+               lambda: torch.randn(2).to("vnpu:7")):
+        with pytest.raises(RuntimeError) as ei:
+            fn()
+        msg = str(ei.value)
+        assert re.search(r"\b7\b", msg), msg
+        assert "device" in msg.lower(), msg
+
+
+def test_set_device_invalid_raises():
+    with pytest.raises(RuntimeError) as ei:
+        torch.vnpu.set_device(5)
+    assert "5" in str(ei.value)
+    assert torch.vnpu.current_device() == 0  # unchanged
+    with pytest.raises(RuntimeError):
+        torch.vnpu.set_device("vnpu:2")
+    with pytest.raises(RuntimeError):
+        with torch.vnpu.device(5):
+            pass
+    assert torch.vnpu.current_device() == 0
+    with pytest.raises(RuntimeError):
+        torch.vnpu.get_device_properties(7)
+    with pytest.raises(RuntimeError):
+        torch.vnpu.synchronize(7)
+
+
+def test_valid_device_switching_after_errors():
+    with pytest.raises(RuntimeError):
+        torch.vnpu.set_device(9)
+    torch.vnpu.set_device(1)
+    assert torch.vnpu.current_device() == 1
+    assert torch.empty(2, device="vnpu").device == torch.device("vnpu:1")
+    torch.vnpu.set_device(0)
+    with torch.vnpu.device(1):
+        assert torch.zeros(1, device="vnpu").device == torch.device("vnpu:1")
+    assert torch.zeros(1, device="vnpu").device == torch.device("vnpu:0")
+
+
+def test_cross_device_copy_is_allowed(xy):
+    # copy_ / to() are the sanctioned way across devices.
+    x, y = xy
+    x.copy_(y)
+    assert torch.equal(x.cpu(), y)
+    z = torch.empty(3, 3, device="vnpu:1")
+    z.copy_(x)
+    assert torch.equal(z.cpu(), y)

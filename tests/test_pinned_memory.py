@@ -1,0 +1,144 @@
+"""Pinned (page-locked) host memory for vnpu and non_blocking copies through it."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+DEV = "vnpu"
+
+
+def test_pin_memory_basics():
+    x = torch.randn(4)
+    assert not x.is_pinned()
+    p = x.pin_memory()
+    assert p.is_pinned()
+    assert p.device.type == "cpu"
+    assert p.untyped_storage().is_pinned()
+    assert torch.equal(p, x)
+    assert p.data_ptr() != x.data_ptr()
+    # Pinning a pinned tensor returns it unchanged.
+    assert p.pin_memory() is p
+    assert torch.empty(3, 5, pin_memory=True).is_pinned()
+    assert torch.zeros(7, dtype=torch.int64, pin_memory=True).is_pinned()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_pin_memory_dtypes_and_noncontiguous(dtype):
+    x = (torch.randn(6, 8) * 5).to(dtype)
+    v = x[:, ::2]
+    p = v.pin_memory()
+    assert p.is_pinned()
+    assert torch.equal(p, v)
+
+
+def test_accelerator_is_vnpu():
+    assert torch.accelerator.current_accelerator().type == "vnpu"
+
+
+def test_dataloader_pin_memory_yields_pinned_batches():
+    xs = torch.randn(10, 3)
+    ys = torch.arange(10)
+    dl = DataLoader(TensorDataset(xs, ys), batch_size=4, pin_memory=True)
+    seen = []
+    for a, b in dl:
+        assert a.is_pinned() and b.is_pinned()
+        seen.append((a, b))
+    assert [a.shape[0] for a, _ in seen] == [4, 4, 2]
+    assert torch.equal(torch.cat([a for a, _ in seen]), xs)
+    assert torch.equal(torch.cat([b for _, b in seen]), ys)
+    # Without pin_memory the batches are pageable.
+    a, b = next(iter(DataLoader(TensorDataset(xs, ys), batch_size=4)))
+    assert not a.is_pinned()
+
+
+def test_dataloader_pinned_batches_with_worker_then_to_device():
+    xs = torch.randn(12, 5)
+    ys = torch.arange(12)
+    dl = DataLoader(TensorDataset(xs, ys), batch_size=3, pin_memory=True, num_workers=1)
+    got_x, got_y = [], []
+    for a, b in dl:
+        assert a.is_pinned() and b.is_pinned()
+        got_x.append(a.to(DEV, non_blocking=True) * 2)
+        got_y.append(b.to(DEV, non_blocking=True))
+    torch.vnpu.synchronize()
+    assert torch.equal(torch.cat(got_x).cpu(), xs * 2)
+    assert torch.equal(torch.cat(got_y).cpu(), ys)
+
+
+def test_nonblocking_pinned_to_device():
+    x = torch.randn(1 << 18)
+    p = x.pin_memory()
+    d = p.to(DEV, non_blocking=True)
+    assert d.device == torch.device("vnpu:0")
+    torch.vnpu.synchronize()
+    assert torch.equal(d.cpu(), x)
+    # To the second device too.
+    d1 = p.to("vnpu:1", non_blocking=True)
+    torch.vnpu.synchronize(1)
+    assert torch.equal(d1.cpu(), x)
+
+
+def test_nonblocking_copy_into_existing_device_tensor_then_compute():
+    srcs = [torch.full((1000,), float(i)).pin_memory() for i in range(8)]
+    dst = torch.empty(8, 1000, device=DEV)
+    for i, s in enumerate(srcs):
+        dst[i].copy_(s, non_blocking=True)
+    total = dst.sum(1)  # stream-ordered after the copies
+    torch.vnpu.synchronize()
+    assert torch.equal(total.cpu(), torch.arange(8, dtype=torch.float32) * 1000)
+
+
+def test_nonblocking_device_to_pinned_host():
+    x = torch.randn(1 << 16)
+    d = x.to(DEV)
+    out = torch.empty_like(x).pin_memory()
+    out.copy_(d * 3, non_blocking=True)
+    torch.vnpu.synchronize()
+    assert torch.equal(out, x * 3)
+    # .to("cpu", non_blocking=True) returns a pinned tensor (as from CUDA), valid after synchronize.
+    y = (d + 1).to("cpu", non_blocking=True)
+    assert y.is_pinned()
+    torch.vnpu.synchronize()
+    assert torch.equal(y, x + 1)
+
+
+def test_nonblocking_with_event_on_side_stream():
+    x = torch.randn(4096)
+    p = x.pin_memory()
+    s = torch.vnpu.Stream()
+    with torch.vnpu.stream(s):
+        d = p.to(DEV, non_blocking=True)
+        e = torch.vnpu.Event()
+        e.record(s)
+    torch.vnpu.current_stream().wait_event(e)
+    r = d * 2
+    d.record_stream(torch.vnpu.current_stream())
+    e.synchronize()
+    assert e.query()
+    assert torch.equal(r.cpu(), x * 2)
+
+
+def test_nonblocking_from_pageable_source_can_be_reused_at_once():
+    # From pageable memory the copy is staged: the caller may overwrite the source immediately.
+    x = torch.randn(1 << 18)
+    expected = x.clone()
+    d = x.to(DEV, non_blocking=True)
+    x.fill_(-1.0)
+    torch.vnpu.synchronize()
+    assert torch.equal(d.cpu(), expected)
+    dst = torch.empty(1 << 18, device=DEV)
+    src = expected.clone()
+    dst.copy_(src, non_blocking=True)
+    src.zero_()
+    torch.vnpu.synchronize()
+    assert torch.equal(dst.cpu(), expected)
+
+
+def test_pinned_source_reused_after_synchronize():
+    p = torch.arange(1000, dtype=torch.float32).pin_memory()
+    outs = []
+    for k in range(4):
+        p.fill_(float(k))
+        outs.append(p.to(DEV, non_blocking=True))
+        torch.vnpu.synchronize()
+    for k, o in enumerate(outs):
+        assert torch.equal(o.cpu(), torch.full((1000,), float(k)))
