@@ -11,6 +11,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 
 #include <vnpu/runtime.h>
@@ -133,6 +134,18 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_stream_priority", [](int64_t id, c10::DeviceIndex d, int64_t type) {
     return c10::vnpu::VNPUStream(c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type))).priority();
+  });
+
+  // torch.Event's own elapsed_time accepts only the exact torch.Event type;
+  // torch.vnpu.Event subclasses it (same object layout), as torch.cuda.Event
+  // users expect, so timing goes through here.
+  m.def("_event_elapsed_time", [](py::handle start, py::handle end) {
+    TORCH_CHECK_TYPE(PyObject_IsInstance(start.ptr(), (PyObject*)THPEventClass) == 1 &&
+                         PyObject_IsInstance(end.ptr(), (PyObject*)THPEventClass) == 1,
+                     "expected torch.Event objects");
+    auto* a = reinterpret_cast<THPEvent*>(start.ptr());
+    auto* b = reinterpret_cast<THPEvent*>(end.ptr());
+    return a->event.elapsedTime(b->event);
   });
 
   // Memory.

@@ -69,11 +69,9 @@ _device_t = Union[torch.device, str, int, None]
 def _lazy_init() -> None:
     """Initializes the device on first use; refuses to run in a bad fork (as CUDA)."""
     global _initialized
-    if _initialized:
+    if _initialized and not _C._is_in_bad_fork():
         return
     with _init_lock:
-        if _initialized:
-            return
         if _C._is_in_bad_fork():
             raise RuntimeError(
                 "Cannot re-initialize vNPU in forked subprocess. To use vNPU with multiprocessing, "
@@ -103,7 +101,8 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized
+    """True once vnpu was used in this process (False in a child forked after that, as for CUDA)."""
+    return _initialized and not _C._is_in_bad_fork()
 
 
 def init() -> None:

@@ -34,6 +34,13 @@ class Stream(torch.Stream):
     def priority(self) -> int:
         return _C._stream_priority(self.stream_id, self.device_index, self.device_type)
 
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        """Records ``event`` (a new ``Event`` if None) on this stream and returns it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
     def wait_stream(self, stream: torch.Stream) -> None:
         """Makes future work on this stream wait for work queued on ``stream`` so far."""
         self.wait_event(stream.record_event())
@@ -54,6 +61,11 @@ class Event(torch.Event):
             cls, device=torch.device("vnpu", _device_index(None)), enable_timing=enable_timing,
             blocking=blocking, interprocess=interprocess,
         )
+
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        """Milliseconds from this event to ``end_event`` (both recorded with timing and completed)."""
+        return _C._event_elapsed_time(self, end_event)
 
 
 def _wrap(triple) -> Stream:

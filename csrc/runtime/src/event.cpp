@@ -46,7 +46,9 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
     gen = ++event->recorded;
     event->pending.insert(gen);
   }
-  s->submit("event record", [event = event->shared_from_this(), gen] {
+  // Published in on_complete: once the event reads complete, the stream reads
+  // idle up to this point too (cudaStreamQuery after cudaEventSynchronize).
+  s->submit("event record", [] {}, [event = event->shared_from_this(), gen] {
     {
       std::lock_guard<std::mutex> g(event->mu);
       event->pending.erase(gen);

@@ -24,6 +24,9 @@ struct vnpuStream_st {
   struct Task {
     std::string name;
     vnpuKernel_t fn;
+    // Runs right after the task is counted complete, under `mu`, so that what it
+    // publishes (an event's completion) and the stream's idleness agree.
+    std::function<void()> on_complete;
   };
   int device = 0;
   int priority = 0;
@@ -37,7 +40,7 @@ struct vnpuStream_st {
   uint64_t completed = 0;          // tasks ever finished (count)
   bool worker_started = false;
 
-  void submit(std::string name, vnpuKernel_t fn);
+  void submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr);
   void wait_idle();                // blocks until completed == submitted at call
   bool idle();
 };

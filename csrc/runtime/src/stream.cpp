@@ -36,6 +36,7 @@ void run_worker(vnpuStream_st* s) {
     {
       std::lock_guard<std::mutex> lk(s->mu);
       ++s->completed;
+      if (task.on_complete) task.on_complete();  // lock order: stream, then event
     }
     s->cv_done.notify_all();
   }
@@ -53,14 +54,14 @@ vnpuStream_st* resolve(vnpuStream_t s) {
 
 using namespace vnpu::rt;
 
-void vnpuStream_st::submit(std::string name, vnpuKernel_t fn) {
+void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete) {
   {
     std::lock_guard<std::mutex> lk(mu);
     if (!worker_started) {
       worker_started = true;
       std::thread(run_worker, this).detach();
     }
-    queue.push_back(Task{std::move(name), std::move(fn)});
+    queue.push_back(Task{std::move(name), std::move(fn), std::move(on_complete)});
     ++submitted;
   }
   cv_work.notify_one();
