@@ -11,9 +11,10 @@ def test_import_torch_registers_vnpu():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
                                    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-                                   torch.complex64, torch.complex128])
+                                   torch.complex64, torch.complex128, torch.bool, torch.float8_e4m3fn,
+                                   torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64])
 def test_roundtrip_keeps_dtype_and_values(dtype):
-    x = (torch.randn(5, 7) * 10).to(dtype)
+    x = (torch.randn(5, 7) * 10).abs().to(dtype)
     y = x.to("vnpu")
     assert y.device.type == "vnpu" and y.dtype == dtype
     assert torch.equal(y.cpu(), x)
@@ -45,3 +46,17 @@ def test_autograd_matches_cpu():
     (torch.tanh(x.to("vnpu") @ wd) ** 2).sum().backward()
     assert wd.grad.device.type == "vnpu"
     torch.testing.assert_close(wd.grad.cpu(), w.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.complex128])
+def test_64bit_dtypes_are_not_downcast(dtype):
+    x = torch.tensor([2**40 + 1, 3], dtype=torch.int64).to(dtype)
+    y = (x.to("vnpu") * 3 + 1).sum()
+    assert y.dtype == dtype
+    assert y.item() == ((x * 3 + 1).sum()).item()
+
+
+def test_float8_storage_converts_like_cpu():
+    x = torch.randn(64)
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert torch.equal(x.to("vnpu").to(dt).float().cpu(), x.to(dt).float())
