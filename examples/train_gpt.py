@@ -85,6 +85,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying
+        for emb in (self.tok, self.pos):  # GPT-2's init; N(0, 1) would start at a loss of ~60
+            nn.init.normal_(emb.weight, std=0.02)
 
     def forward(self, idx, targets=None):
         T = idx.shape[1]
@@ -193,7 +195,7 @@ def main(argv=None):
     p.add_argument("--resume", default=None, help="checkpoint to resume from (loaded with map_location=device)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: at the end)")
+    p.add_argument("--eval-interval", type=int, default=50, help="evaluate every N steps (0: only at the end)")
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--quiet", action="store_true", help="no progress bar")

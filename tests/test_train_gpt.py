@@ -50,5 +50,5 @@ def test_vnpu_checkpoint_loads_on_cpu_and_resumes_on_vnpu(compare_run, tmp_path)
     r = train_gpt.main(["--device", "vnpu", "--resume", str(out / "vnpu" / "ckpt.pt"), "--steps", "2",
                         "--out", str(tmp_path), "--quiet"])
     assert r["start_step"] == STEPS and len(r["train"]) == 2
-    cpu_ckpt_loss = json.loads((out / "vnpu" / "losses.json").read_text())["train"][-1]
-    assert r["train"][0] < cpu_ckpt_loss * 1.2  # resumed, not restarted from scratch (initial loss ~59)
+    first = json.loads((out / "vnpu" / "losses.json").read_text())["train"]
+    assert r["train"][0] < first[0] - 0.3  # resumed from the trained weights, not from scratch
