@@ -70,7 +70,8 @@ enum KeyTag : int64_t { kNone = -100, kTensorTag, kListTag, kIntTag, kDoubleTag,
                         kComplexTag, kGenTag, kSymTag };
 
 struct KeyBuilder {
-  std::vector<int64_t> k;
+  std::vector<int64_t>& k;  // a reused per-thread buffer
+  explicit KeyBuilder(std::vector<int64_t>& buf) : k(buf) { k.clear(); }
   bool ok = true;
   void tensor(const Tensor& t) {
     if (!t.defined()) { k.push_back(kNone); return; }
@@ -145,6 +146,7 @@ struct OpInfo {
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
+  std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
 
@@ -220,6 +222,10 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
 }
 
 OpInfo& op_info(const c10::OperatorHandle& op) {
+  // A per-thread map in front of the shared one keeps the hot path lock-free.
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo*> local;
+  auto hit = local.find(&op.schema());
+  if (hit != local.end()) return *hit->second;
   static std::mutex mu;  // guards cache
   static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> cache;
   std::lock_guard<std::mutex> g(mu);
@@ -227,7 +233,9 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
   if (!slot) {
     slot = std::make_unique<OpInfo>();
     compute_info(*slot, op);
+    register_op_counter(&slot->name, &slot->calls);
   }
+  local.emplace(&op.schema(), slot.get());
   return *slot;
 }
 
@@ -441,7 +449,8 @@ bool has_bool_index(ArrayRef<IValue> args) {
 // Output metadata of `op` on `args`, from the cache or the Meta kernel.
 std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValue> args) {
   const auto& schema = op.schema();
-  KeyBuilder key;
+  thread_local std::vector<int64_t> key_buffer;
+  KeyBuilder key(key_buffer);
   for (size_t i = 0; i < args.size() && key.ok; ++i) {
     auto kind = schema.arguments()[i].type()->kind();
     if (kind == c10::TypeKind::OptionalType)
@@ -477,7 +486,7 @@ std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpIn
   if (result->sync) {
     if (key.ok) {
       std::lock_guard<std::mutex> g(info.meta_cache->mu);
-      info.meta_cache->map.emplace(std::move(key.k), result);
+      info.meta_cache->map.emplace(key.k, result);
     }
     return result;
   }
@@ -496,7 +505,7 @@ std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpIn
   if (key.ok) {
     std::lock_guard<std::mutex> g(info.meta_cache->mu);
     if (info.meta_cache->map.size() >= kMetaCacheLimit) info.meta_cache->map.clear();
-    info.meta_cache->map.emplace(std::move(key.k), result);
+    info.meta_cache->map.emplace(key.k, result);
   }
   return result;
 }
@@ -748,7 +757,7 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   for (const auto& a : torch::jit::last(*stack, n)) finder.value(a);
   DeviceIndex dev = finder.dev >= 0 ? finder.dev : c10::vnpu::current_device();
   c10::DeviceGuard guard(Device(kVNPU, dev));
-  record_executed(info.name);
+  info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
   switch (info.path) {
     case Path::View:

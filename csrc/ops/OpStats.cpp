@@ -1,19 +1,20 @@
 #include "OpStats.h"
 
 #include <mutex>
+#include <vector>
 #include <unordered_map>
 
 namespace at::vnpu {
 namespace {
 std::mutex g_mu;  // guards both maps
-std::unordered_map<std::string, uint64_t> g_executed;
+std::vector<std::pair<const std::string*, std::atomic<uint64_t>*>> g_counters;
 std::unordered_map<std::string, uint64_t> g_extra_copy;
 std::unordered_map<std::string, std::pair<std::string, uint64_t>> g_fallback;
 }  // namespace
 
-void record_executed(const std::string& op) {
+void register_op_counter(const std::string* op, std::atomic<uint64_t>* calls) {
   std::lock_guard<std::mutex> g(g_mu);
-  ++g_executed[op];
+  g_counters.emplace_back(op, calls);
 }
 
 void record_fallback(const std::string& op, const std::string& reason) {
@@ -35,7 +36,11 @@ std::map<std::string, uint64_t> extra_copy_ops() {
 
 std::map<std::string, uint64_t> executed_ops() {
   std::lock_guard<std::mutex> g(g_mu);
-  return {g_executed.begin(), g_executed.end()};
+  std::map<std::string, uint64_t> out;
+  for (const auto& [name, calls] : g_counters) {
+    if (uint64_t n = calls->load(std::memory_order_relaxed)) out[*name] += n;
+  }
+  return out;
 }
 
 std::map<std::string, std::pair<std::string, uint64_t>> fallback_ops() {
@@ -45,7 +50,7 @@ std::map<std::string, std::pair<std::string, uint64_t>> fallback_ops() {
 
 void reset_op_stats() {
   std::lock_guard<std::mutex> g(g_mu);
-  g_executed.clear();
+  for (auto& [name, calls] : g_counters) calls->store(0, std::memory_order_relaxed);
   g_extra_copy.clear();
   g_fallback.clear();
 }

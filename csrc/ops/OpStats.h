@@ -2,14 +2,16 @@
 // get_fallback_ops). Counts are per process; thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
 
 namespace at::vnpu {
 
-// Counts one execution of `op` (e.g. "aten::add.Tensor").
-void record_executed(const std::string& op);
+// Registers the execution counter of an op (e.g. "aten::add.Tensor"); both
+// pointers must stay valid for the process (the executor's per-op records).
+void register_op_counter(const std::string* op, std::atomic<uint64_t>* calls);
 // Records that `op` took a slower path (synchronized and ran on the host thread), with the reason (first reason kept).
 void record_fallback(const std::string& op, const std::string& reason);
 // Counts one run of `op` whose kernel has no out= form: its result is computed
