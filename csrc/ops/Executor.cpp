@@ -12,6 +12,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -125,8 +126,15 @@ struct KeyHash {
 };
 
 struct MetaCache {
-  std::mutex mu;  // guards map
+  std::mutex mu;  // guards map and signatures
   std::unordered_map<std::vector<int64_t>, std::shared_ptr<const MetaResult>, KeyHash> map;
+  // Note [Meta kernels are checked against CPU]: per dtype signature of the
+  // inputs, whether the Meta kernel's output metadata equals what the CPU
+  // kernel produces (1) or not (2; e.g. bf16 layer norm's float mean/rstd on
+  // CPU, channels_last convolution outputs). Unknown signatures run the CPU
+  // kernel synchronously once and compare; for mismatching ones every new
+  // metadata key runs synchronously once and the CPU's metadata is cached.
+  std::unordered_map<std::vector<int64_t>, int8_t, KeyHash> signatures;
 };
 
 constexpr size_t kMetaCacheLimit = 4096;  // entries per op; cleared when full
@@ -446,8 +454,30 @@ bool has_bool_index(ArrayRef<IValue> args) {
   return false;
 }
 
+enum class MetaMode { Use, Validate, CpuShaped };
+
+struct MetaQuery {
+  std::shared_ptr<const MetaResult> meta;  // null for CpuShaped
+  MetaMode mode = MetaMode::Use;
+  bool cacheable = false;
+  std::vector<int64_t> key, signature;
+};
+
+std::vector<int64_t> dtype_signature(ArrayRef<IValue> args) {
+  std::vector<int64_t> sig;
+  auto add = [&](const Tensor& t) {
+    sig.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0) : -1);
+  };
+  for (const auto& a : args) {
+    if (a.isTensor()) add(a.toTensor());
+    else if (a.isTensorList()) for (const auto& t : a.toTensorList()) add(t);
+    else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor());
+  }
+  return sig;
+}
+
 // Output metadata of `op` on `args`, from the cache or the Meta kernel.
-std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValue> args) {
+MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValue> args) {
   const auto& schema = op.schema();
   thread_local std::vector<int64_t> key_buffer;
   KeyBuilder key(key_buffer);
@@ -459,10 +489,26 @@ std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpIn
                                               kind == c10::TypeKind::ComplexType);
     key.value(args[i], !by_type_only);
   }
-  if (key.ok) {
+  MetaQuery q;
+  q.cacheable = key.ok;
+  q.signature = dtype_signature(args);
+  int8_t state = 0;
+  {
     std::lock_guard<std::mutex> g(info.meta_cache->mu);
-    auto it = info.meta_cache->map.find(key.k);
-    if (it != info.meta_cache->map.end()) return it->second;
+    if (key.ok) {
+      auto it = info.meta_cache->map.find(key.k);
+      if (it != info.meta_cache->map.end()) {
+        q.meta = it->second;
+        return q;
+      }
+    }
+    auto st = info.meta_cache->signatures.find(q.signature);
+    if (st != info.meta_cache->signatures.end()) state = st->second;
+  }
+  q.key = key.k;
+  if (state == 2) {
+    q.mode = MetaMode::CpuShaped;
+    return q;
   }
 
   Stack meta;
@@ -488,7 +534,8 @@ std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpIn
       std::lock_guard<std::mutex> g(info.meta_cache->mu);
       info.meta_cache->map.emplace(key.k, result);
     }
-    return result;
+    q.meta = result;
+    return q;
   }
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     std::vector<TensorMeta> ms;
@@ -502,12 +549,107 @@ std::shared_ptr<const MetaResult> infer_meta(const c10::OperatorHandle& op, OpIn
     if (info.mutable_arg[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
       result->mutated.emplace_back(i, tensor_meta(meta_args[i].toTensor()));
   }
+  q.meta = result;
+  // Only ATen's own ops are checked: custom ops have no other source of truth
+  // than their registered fake/Meta kernel (and may block or have effects).
+  if (state == 0 && info.name.rfind("aten::", 0) == 0) {
+    q.mode = MetaMode::Validate;
+    return q;
+  }
   if (key.ok) {
     std::lock_guard<std::mutex> g(info.meta_cache->mu);
     if (info.meta_cache->map.size() >= kMetaCacheLimit) info.meta_cache->map.clear();
     info.meta_cache->map.emplace(key.k, result);
   }
-  return result;
+  return q;
+}
+
+// Layout equality that ignores strides of size-1 dimensions (they never matter).
+bool same_meta(const TensorMeta& a, const TensorMeta& b) {
+  if (a.defined != b.defined) return false;
+  if (!a.defined) return true;
+  if (a.dtype != b.dtype || a.sizes != b.sizes) return false;
+  for (size_t d = 0; d < a.sizes.size(); ++d) {
+    if (a.sizes[d] > 1 && a.strides[d] != b.strides[d]) return false;
+  }
+  return true;
+}
+
+// The metadata the CPU kernel actually produced (results of run_sync).
+std::shared_ptr<MetaResult> observed_meta(const OpInfo& info, ArrayRef<IValue> results,
+                                          const std::vector<IValue>& args_before) {
+  auto m = std::make_shared<MetaResult>();
+  for (const auto& v : results) {
+    std::vector<TensorMeta> ms;
+    bool is_list = v.isTensorList();
+    if (v.isTensor()) ms.push_back(tensor_meta(v.toTensor()));
+    else if (is_list) for (const auto& t : v.toTensorList()) ms.push_back(tensor_meta(t));
+    m->returns.push_back(std::move(ms));
+    m->return_is_list.push_back(is_list);
+  }
+  for (size_t i = 0; i < args_before.size(); ++i) {
+    if (info.mutable_arg[i] && args_before[i].isTensor() && args_before[i].toTensor().defined())
+      m->mutated.emplace_back(i, tensor_meta(args_before[i].toTensor()));
+  }
+  return m;
+}
+
+// Output metadata of the CPU kernel on stand-in CPU inputs (ones, same sizes,
+// strides, offsets, dtypes); nullptr if that run raises.
+std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
+  auto standin = [](const Tensor& t) -> Tensor {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    int64_t elems = static_cast<int64_t>(t.storage().nbytes() / t.dtype().itemsize());
+    Tensor r = at::ones({std::max<int64_t>(elems, 1)}, t.options().device(kCPU))
+                   .as_strided(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) r = r.conj();
+    return r;
+  };
+  Stack s;
+  s.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& a = args[i];
+    auto kind = op.schema().arguments()[i].type()->kind();
+    if (kind == c10::TypeKind::OptionalType)
+      kind = op.schema().arguments()[i].type()->cast<c10::OptionalType>()->getElementType()->kind();
+    if (kind == c10::TypeKind::GeneratorType) {
+      // Never the default CPU generator: the user's CPU random stream stays untouched.
+      s.push_back(at::make_generator<at::CPUGeneratorImpl>(0));
+    } else if (a.isTensor()) {
+      s.push_back(standin(a.toTensor()));
+    } else if (a.isTensorList()) {
+      c10::List<Tensor> l;
+      for (const auto& t : a.toTensorList()) l.push_back(standin(t));
+      s.push_back(l);
+    } else if (a.isList() && a.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<Tensor>> l;
+      for (const IValue& e : a.toListRef()) l.push_back(e.isTensor() ? std::optional<Tensor>(standin(e.toTensor())) : std::nullopt);
+      s.push_back(l);
+    } else if (a.isDevice() && a.toDevice().type() == kVNPU) {
+      s.push_back(Device(kCPU));
+    } else {
+      s.push_back(a);
+    }
+  }
+  std::vector<IValue> inputs(s.begin(), s.end());
+  try {
+    op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+  return observed_meta(info, ArrayRef<IValue>(s.data(), op.schema().returns().size()), inputs);
+}
+
+bool same_result(const MetaResult& a, const MetaResult& b) {
+  if (a.returns.size() != b.returns.size() || a.mutated.size() != b.mutated.size()) return false;
+  for (size_t r = 0; r < a.returns.size(); ++r) {
+    if (a.returns[r].size() != b.returns[r].size()) return false;
+    for (size_t j = 0; j < a.returns[r].size(); ++j) if (!same_meta(a.returns[r][j], b.returns[r][j])) return false;
+  }
+  for (size_t i = 0; i < a.mutated.size(); ++i) {
+    if (a.mutated[i].first != b.mutated[i].first || !same_meta(a.mutated[i].second, b.mutated[i].second)) return false;
+  }
+  return true;
 }
 
 // Makes `t` (vnpu) take the layout the op gives an out=/in-place argument,
@@ -541,7 +683,32 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     if (t.numel() == 0 || ((name == "index" || name == "indices") && !isIntegralType(t.scalar_type(), true)))
       return run_sync(op, info, stack, dev);
   }
-  std::shared_ptr<const MetaResult> meta = infer_meta(op, info, args);
+  MetaQuery q = infer_meta(op, info, args);
+  std::shared_ptr<const MetaResult> meta = q.meta;
+  if (q.mode != MetaMode::Use) {
+    // See Note [Meta kernels are checked against CPU]: learn the CPU kernel's
+    // output metadata from a run on stand-in CPU inputs of the same metadata
+    // (no stream sync); if that run fails (its data matter, e.g. a singular
+    // matrix), run the real op synchronously once instead.
+    std::shared_ptr<MetaResult> cpu = standin_meta(op, info, args);
+    const bool ran_sync = !cpu;
+    if (ran_sync) {
+      std::vector<IValue> args_before(args.begin(), args.end());
+      run_sync(op, info, stack, dev);
+      cpu = observed_meta(info, torch::jit::last(*stack, schema.returns().size()), args_before);
+    }
+    bool trusted = q.mode == MetaMode::Validate && same_result(*q.meta, *cpu);
+    {
+      std::lock_guard<std::mutex> g(info.meta_cache->mu);
+      info.meta_cache->signatures[q.signature] = trusted ? 1 : 2;
+      if (q.cacheable) {
+        if (info.meta_cache->map.size() >= kMetaCacheLimit) info.meta_cache->map.clear();
+        info.meta_cache->map.emplace(q.key, trusted ? q.meta : cpu);
+      }
+    }
+    if (ran_sync) return;
+    meta = trusted ? q.meta : cpu;
+  }
   if (meta->sync) {
     if (!meta->reason.empty()) record_fallback(info.name, meta->reason);
     return run_sync(op, info, stack, dev);
