@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-runtime test-python install deps system-deps bench clean
+.PHONY: demo test test-runtime test-python install deps system-deps bench opinfo opinfo-slice clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,13 +39,21 @@ test-runtime: deps
 	$(VENV)/bin/ctest --test-dir build/runtime-tests --output-on-failure
 
 test-python: install
-	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib .
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib --ignore=test_opinfo_slice.py .
 
 test: test-runtime test-python
 
 bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
+
+# Operator coverage (issue #3): the wide CI-style slice, and the full OpInfo sweep with its report.
+opinfo-slice: install
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib test_opinfo_slice.py
+
+opinfo: install
+	mkdir -p $(OUT) && cd $(OUT) && ../$(PY) ../scripts/opinfo_parity.py --jobs 2 --limit-samples 4 \
+	  --json opinfo.json --markdown ../docs/ops_coverage.md
 
 clean:
 	rm -rf build $(OUT)
