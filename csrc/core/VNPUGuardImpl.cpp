@@ -31,8 +31,10 @@ Stream VNPUGuardImpl::getStreamFromGlobalPool(Device d, bool is_high_priority) c
   return getStreamFromPool(is_high_priority, d.index()).unwrap();
 }
 
+// As CUDAGuardImpl: "new" streams come from the fixed pool, so creating
+// streams in a loop (torch.Stream(device="vnpu")) never leaks workers.
 Stream VNPUGuardImpl::getNewStream(Device d, int priority) const {
-  return getNewVNPUStream(priority, d.index()).unwrap();
+  return getStreamFromPool(priority, d.index()).unwrap();
 }
 
 Stream VNPUGuardImpl::exchangeStream(Stream s) const {
