@@ -5,8 +5,9 @@
 * gradients (float32) of ~20 common NN ops, two sample inputs each.
 
 Every failing (op, dtype, kind) case must be listed in tests/opinfo_known_failures.txt (one line per case,
-with the reason), so a new regression fails CI; a listed case that passes again is reported (fix: delete
-its line). Runs in two spawned workers (crash/hang-guarded), ~2 min on 2 cores.
+with the reason), so a new regression fails CI. The list is written by the full sweep
+(`scripts/opinfo_parity.py --jobs 2 --limit-samples 4 --known-failures-out tests/opinfo_known_failures.txt`),
+which runs more samples than this slice. Runs in two spawned workers (crash/hang-guarded), ~2 min on 2 cores.
 """
 import os
 import sys
@@ -60,16 +61,13 @@ def _sweep(**overrides):
     return _opinfo().run_sweep(opts, log=lambda *a: None)
 
 
-def _check(res, selected_kinds):
+def _check(res):
     known = _known_failures()
     failing = {(o, d, k): m for o, d, k, m in res["failing_cases"]}
     new = {c: m for c, m in failing.items() if c not in known}
-    stale = [c for c in known if c not in failing and c[2].split(":")[0] in selected_kinds
-             and c[1] in res["meta"]["dtypes"] + ["any"] and c[0] in res["ops"]]
-    if stale:
-        print(f"\n{len(stale)} known failures pass now (delete their lines from {KNOWN_FAILURES.name}):")
-        for c in stale:
-            print("   ", " ".join(c))
+    unseen = [c for c in known if c not in failing]
+    if unseen:  # the list comes from the full sweep, which runs more samples than this slice
+        print(f"\n{len(unseen)} known failures not hit by this slice (see the full sweep for them)")
     assert res["meta"]["ops_completed"] == res["meta"]["ops_selected"], res["meta"]["ops_not_run"]
     assert not new, (f"{len(new)} new OpInfo parity failures (not in {KNOWN_FAILURES.name}):\n"
                      + "\n".join(f"{' '.join(c)}  # {m[:200]}" for c, m in sorted(new.items())))
@@ -78,10 +76,10 @@ def _check(res, selected_kinds):
 def test_opinfo_forward_slice():
     res = _sweep(dtypes=FORWARD_DTYPES, no_grad=True, limit_samples=1)
     assert res["totals"]["cases"] > 3000, res["totals"]
-    _check(res, {"forward"})
+    _check(res)
 
 
 def test_opinfo_grad_slice():
     res = _sweep(ops=[",".join(GRAD_OPS)], dtypes=["float32"], no_inplace=True, no_out=True, limit_samples=2)
     assert res["by_kind"]["grad"]["passed"] >= 30, res["by_kind"]
-    _check(res, {"forward", "grad"})
+    _check(res)

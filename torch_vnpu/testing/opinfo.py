@@ -1004,7 +1004,7 @@ def _worker_main(conn, opts):
     conn.close()
 
 
-def run_sweep(opts, log=print):
+def run_sweep(opts, log=lambda *a: print(*a, flush=True)):
     """Runs the sweep described by opts (a dict, see main()) and returns the result dict."""
     t_start = time.time()
     warnings.simplefilter("ignore")
