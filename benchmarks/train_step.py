@@ -4,10 +4,15 @@ The model, data and optimizer are those of examples/train_gpt.py (default model:
 width 128; batch 16, context 128; AdamW). One step = get_batch, copy to the device, forward, backward,
 optimizer step, zero_grad(set_to_none=True).
 
-Time: --warmup untimed steps, then --steps timed steps, each followed by a synchronize, so a step's time
-includes all of its device work; the median is reported (mean/min too). "pipelined" is the same number of
-steps issued back to back with one synchronize at the end, divided by the step count: on vnpu the host
-enqueues step k+1 while the device still runs step k.
+Each device trains in a process of its own, as a user's job would (in one process, CPU kernels on the
+main thread and vnpu kernels on the stream worker keep two OpenMP pools that slow each other down; see
+Note [One OpenMP pool] in csrc/ops/HostOpenMP.h).
+Time: --warmup untimed steps per device, then --rounds rounds; each round times --steps steps on cpu and
+then on vnpu (alternating, so drift in the machine's speed hits both devices alike). A "synced" step is
+followed by a synchronize, so its time includes all of its device work; the median over all rounds is
+reported (mean/min too). "pipelined" is a round's steps issued back to back with one synchronize at the
+end, divided by the step count (median over rounds): on vnpu the host enqueues step k+1 while the device
+still runs step k.
 
 Peak memory (bytes of tensor storage, measured over one step after the timed ones):
   vnpu  torch.vnpu.max_memory_allocated() after reset_peak_memory_stats(): the caching allocator's peak
@@ -22,11 +27,12 @@ The step's share above the persistent bytes is reported separately for both devi
 
 Writes OUT/train_step.json and prints a table.
 
-    python benchmarks/train_step.py --out out/bench [--steps 20 --warmup 3]
+    python benchmarks/train_step.py --out out/bench [--rounds 6 --steps 5 --warmup 3]
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -35,6 +41,7 @@ import tempfile
 import time
 
 import torch
+from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
@@ -75,24 +82,32 @@ class Trainer:
         return sum(seen.values())
 
 
-def time_steps(tr, args):
+def warm_up(tr, args):
     for _ in range(args.warmup):
         tr.step()
     sync(tr.device)
-    times, losses = [], []
+    tr.times, tr.losses, tr.pipelined = [], [], []
+
+
+def time_round(tr, args):
+    """One round on one device: --steps synced steps, then --steps pipelined steps."""
     for _ in range(args.steps):
         t0 = time.perf_counter()
         loss = tr.step()
         sync(tr.device)
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
+        tr.times.append(time.perf_counter() - t0)
+        tr.losses.append(loss.item())
     t0 = time.perf_counter()
     for _ in range(args.steps):
         tr.step()
     sync(tr.device)
-    pipelined = (time.perf_counter() - t0) / args.steps
-    return {"median_s": statistics.median(times), "mean_s": statistics.mean(times), "min_s": min(times),
-            "pipelined_s": pipelined, "step_times_s": times, "losses": losses}
+    tr.pipelined.append((time.perf_counter() - t0) / args.steps)
+
+
+def timing(tr):
+    return {"median_s": statistics.median(tr.times), "mean_s": statistics.mean(tr.times), "min_s": min(tr.times),
+            "pipelined_s": statistics.median(tr.pipelined), "pipelined_rounds_s": tr.pipelined,
+            "step_times_s": tr.times, "losses": tr.losses}
 
 
 def vnpu_peak(tr):
@@ -130,13 +145,34 @@ def cpu_peak(tr):
             "memory_events": len(totals)}
 
 
+def device_process(device, args, conn):
+    """Trains on one device in its own process; times a round per "round" message from the parent."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train_ids, _, vocab = train_gpt.load_corpus()
+    tr = Trainer(torch.device(device), train_ids, len(vocab), args)
+    warm_up(tr, args)
+    conn.send("ready")
+    while conn.recv() == "round":
+        time_round(tr, args)
+        conn.send("done")
+    r = timing(tr)
+    r["memory"] = vnpu_peak(tr) if tr.device.type == "vnpu" else cpu_peak(tr)
+    r["parameters"] = sum(p.numel() for p in tr.model.parameters())
+    r["device"] = tr.device.type
+    r["torch_num_threads"] = torch.get_num_threads()
+    r["fallback_ops"] = torch.vnpu.get_fallback_ops() if tr.device.type == "vnpu" else {}
+    conn.send(r)
+
+
 def mib(n):
     return n / 2**20
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20, help="timed steps per device")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per device and round")
+    p.add_argument("--rounds", type=int, default=6, help="rounds of alternating cpu/vnpu timing")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--out", default="out/bench", help="output directory (default: out/bench)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -144,20 +180,30 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    train_ids, _, vocab = train_gpt.load_corpus()
-    results = {}
-    for dev in (torch.device("cpu"), torch.device("vnpu", 0)):
-        tr = Trainer(dev, train_ids, len(vocab), args)
-        r = time_steps(tr, args)
-        r["memory"] = vnpu_peak(tr) if dev.type == "vnpu" else cpu_peak(tr)
-        r["parameters"] = sum(p.numel() for p in tr.model.parameters())
-        results[dev.type] = r
-        del tr
-        print(f"[{dev.type}] median step {r['median_s'] * 1e3:.1f} ms, peak {mib(r['memory']['peak_bytes']):.2f} MiB",
-              flush=True)
+    ctx = multiprocessing.get_context("spawn")
+    procs, conns = [], []
+    for dev in ("cpu", "vnpu:0"):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=device_process, args=(dev, args, child), daemon=True)
+        proc.start()
+        procs.append(proc)
+        conns.append(parent)
+    for c in conns:
+        c.recv()  # warmed up
+    for _ in tqdm(range(args.rounds), desc="rounds (cpu, vnpu)"):
+        for c in conns:  # one device at a time: the other process waits idle
+            c.send("round")
+            c.recv()
+    results, fallback_ops = {}, {}
+    for c, proc in zip(conns, procs):
+        c.send("finish")
+        r = c.recv()
+        proc.join()
+        fallback_ops.update(r.pop("fallback_ops"))
+        results[r["device"]] = r
+        print(f"[{r['device']}] median step {r['median_s'] * 1e3:.1f} ms, "
+              f"peak {mib(r['memory']['peak_bytes']):.2f} MiB", flush=True)
 
     cpu, vn = results["cpu"], results["vnpu"]
     diffs = [abs(a - b) for a, b in zip(cpu["losses"], vn["losses"])]
@@ -174,10 +220,10 @@ def main(argv=None):
     }
     meta = {
         "benchmark": "train_step", "torch": torch.__version__, "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "torch_num_threads": torch.get_num_threads(),
-        "loadavg_at_end": os.getloadavg(), "steps": args.steps, "warmup": args.warmup,
+        "cpu_count": os.cpu_count(), "torch_num_threads": cpu["torch_num_threads"],
+        "loadavg_at_end": os.getloadavg(), "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
         "batch_size": args.batch_size, "block_size": 128, "parameters": cpu["parameters"],
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fallback_ops": torch.vnpu.get_fallback_ops(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fallback_ops": fallback_ops,
     }
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "train_step.json")
@@ -185,7 +231,7 @@ def main(argv=None):
         json.dump({"meta": meta, "summary": summary, "cpu": cpu, "vnpu": vn}, f, indent=2)
 
     print(f"\nGPT train step ({meta['parameters']:,} params, batch {args.batch_size} x 128, AdamW); "
-          f"{args.steps} timed steps after {args.warmup} warm-up")
+          f"{args.rounds} rounds x {args.steps} timed steps per device after {args.warmup} warm-up")
     hdr = f"{'metric':<34}{'cpu':>12}{'vnpu':>12}{'vnpu/cpu':>10}"
     print(hdr)
     print("-" * len(hdr))

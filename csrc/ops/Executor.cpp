@@ -1,6 +1,7 @@
 #include "Executor.h"
 
 #include "CpuAlias.h"
+#include "HostOpenMP.h"
 #include "OpStats.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
@@ -873,6 +874,7 @@ void run_view(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
 }  // namespace
 
 void launch(const char* name, DeviceIndex device, std::function<void()> kernel) {
+  release_host_openmp_pool();  // Note [One OpenMP pool]
   auto stream = c10::vnpu::getCurrentVNPUStream(device);
   VNPU_CHECK(vnpuLaunchKernel(stream.stream(), name, [k = std::move(kernel)] {
     prepare_worker_thread();
