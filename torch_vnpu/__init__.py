@@ -7,7 +7,14 @@ extension (runtime, allocator, executor, generator, autocast) and installs the
 ``torch.vnpu`` device module, which mirrors ``torch.cuda``.
 """
 
-import torch
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: the import registered everything."""
+
+
+# Defined before ``import torch``: when ``import torch_vnpu`` comes first, torch's backend autoload
+# looks up ``torch_vnpu._autoload`` on this partially initialised module.
+import torch  # noqa: E402
 
 __all__ = ["vnpu"]
 
@@ -33,10 +40,6 @@ def _register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
     vnpu._install_at_exit()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: the import registered everything."""
 
 
 _register()
