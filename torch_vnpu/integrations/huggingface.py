@@ -1,0 +1,244 @@
+"""Opt-in adapter: Hugging Face accelerate, transformers and peft pick the current accelerator (vnpu).
+
+accelerate 1.15 (``PartialState.default_device``), transformers 5.17 (``TrainingArguments._setup_devices``,
+``is_torch_bf16_gpu_available``) and peft 0.21 (``infer_device``) choose their device from hard-coded lists
+(cuda, xpu, npu, mps, ...) and fall back to the CPU for any other device, even when
+``torch.accelerator.current_accelerator()`` names one. :func:`enable` adds that missing last step, the
+direction upstream is taking: where a library's own detection ends in ``cpu``, ask ``torch.accelerator``.
+It changes nothing when the libraries already found a device (CUDA, XPU, ...), when the user asked for the
+CPU (``Accelerator(cpu=True)``, ``TrainingArguments(use_cpu=True)``) or set ``ACCELERATE_TORCH_DEVICE``
+(accelerate's own override, honoured as before), and it does not touch multi-process launches.
+
+Usage::
+
+    import torch_vnpu.integrations.huggingface as hf_vnpu
+    hf_vnpu.enable()                      # or: with hf_vnpu.enabled(): ...
+    from accelerate import Accelerator
+    Accelerator().device                  # device(type='vnpu')
+
+or run an unchanged script with ``python -m torch_vnpu.integrations.huggingface script.py [args]``.
+What each patch does and the upstream change that would make it unnecessary: ``docs/huggingface.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import runpy
+import sys
+from typing import Callable, Iterator
+
+import torch
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "patched_names"]
+
+# (owner object, attribute name, original value) for every attribute enable() replaced, in order.
+_patches: list[tuple[object, str, object]] = []
+
+
+def _accelerator() -> torch.device | None:
+    """The current accelerator as a device without index (like ``torch.device("cuda")``), or None."""
+    acc = torch.accelerator.current_accelerator(check_available=True)
+    return None if acc is None else torch.device(acc.type)
+
+
+def _set(owner: object, name: str, value: object) -> None:
+    _patches.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def _patch_accelerate(device_type: str) -> None:
+    import accelerate.accelerator
+    import accelerate.state
+    import accelerate.utils
+    import accelerate.utils.modeling
+
+    # 1. Device selection: PartialState.default_device ends in cpu for any device it does not list.
+    orig_default = accelerate.state.PartialState.default_device.fget
+
+    @functools.wraps(orig_default)
+    def default_device(self) -> torch.device:
+        device = orig_default(self)
+        if device.type == "cpu":
+            acc = _accelerator()
+            if acc is not None:
+                return acc
+        return device
+
+    _set(accelerate.state.PartialState, "default_device", property(default_device))
+
+    # 2. fp16 mixed precision: Accelerator.__init__ rejects any device outside an inline tuple constant
+    #    ("xpu", "cuda", "npu", ...). Add the accelerator's type to that constant, nothing else.
+    init = accelerate.accelerator.Accelerator.__init__
+    code = init.__code__
+    allow_lists = [c for c in code.co_consts if isinstance(c, tuple) and "cuda" in c and "xpu" in c and "npu" in c]
+    if len(allow_lists) != 1:
+        raise RuntimeError(
+            f"accelerate {accelerate.__version__}: cannot find the fp16 device allow-list in Accelerator.__init__ "
+            "(the adapter was written for accelerate 1.15); fp16 mixed precision would fail on "
+            f"{device_type!r}. Please report this."
+        )
+    if device_type not in allow_lists[0]:
+        consts = tuple(c + (device_type,) if c is allow_lists[0] else c for c in code.co_consts)
+        _set(init, "__code__", code.replace(co_consts=consts))
+
+    # 3. fp16 GradScaler: get_grad_scaler() returns a CUDA GradScaler for any device it does not list.
+    orig_scaler = accelerate.utils.modeling.get_grad_scaler
+
+    @functools.wraps(orig_scaler)
+    def get_grad_scaler(distributed_type=None, **kwargs):
+        state = accelerate.state.PartialState()
+        if distributed_type != accelerate.utils.DistributedType.FSDP and state.device.type == device_type:
+            return torch.amp.GradScaler(device_type, **kwargs)
+        return orig_scaler(distributed_type, **kwargs)
+
+    for module in (accelerate.utils.modeling, accelerate.utils, accelerate.accelerator):
+        _set(module, "get_grad_scaler", get_grad_scaler)
+
+
+def _patch_transformers(device_type: str) -> None:
+    import transformers.training_args as ta
+    from accelerate.state import DistributedType
+
+    # 4. TrainingArguments._setup_devices: for one process it re-detects the device from its own list and
+    #    ends in os.environ.get("ACCELERATE_TORCH_DEVICE", "cpu"), ignoring the device accelerate chose.
+    orig_setup = ta.TrainingArguments.__dict__["_setup_devices"]
+
+    def _setup_devices(self) -> torch.device:
+        device = orig_setup.func(self)
+        state = self.distributed_state
+        if (
+            device.type == "cpu"
+            and not self.use_cpu
+            and state is not None
+            and state.distributed_type == DistributedType.NO
+            and state.device.type == device_type
+        ):
+            device = torch.device(device_type, torch.accelerator.current_device_index())
+            self._n_gpu = 1  # one accelerator in this process, as for a single CUDA device (no DataParallel)
+        return device
+
+    _setup_devices.__doc__ = orig_setup.__doc__
+    prop = functools.cached_property(_setup_devices)
+    prop.__set_name__(ta.TrainingArguments, "_setup_devices")
+    _set(ta.TrainingArguments, "_setup_devices", prop)
+
+    # 5. bf16: TrainingArguments(bf16=True) asks is_torch_bf16_gpu_available(), which knows listed devices only.
+    orig_bf16 = ta.is_torch_bf16_gpu_available
+
+    @functools.wraps(orig_bf16)
+    def is_torch_bf16_gpu_available() -> bool:
+        if orig_bf16():
+            return True
+        module = getattr(torch, device_type, None)
+        return _accelerator() is not None and bool(getattr(module, "is_bf16_supported", lambda: False)())
+
+    _set(ta, "is_torch_bf16_gpu_available", is_torch_bf16_gpu_available)
+
+
+def _patch_peft() -> None:
+    import peft.peft_model
+    import peft.utils
+    import peft.utils.other
+
+    # 6. peft.utils.infer_device(): same hard-coded list, ends in "cpu".
+    orig_infer = peft.utils.other.infer_device
+
+    @functools.wraps(orig_infer)
+    def infer_device() -> str:
+        device = orig_infer()
+        acc = _accelerator()
+        return acc.type if device == "cpu" and acc is not None else device
+
+    for module in (peft.utils.other, peft.utils, peft.peft_model):
+        _set(module, "infer_device", infer_device)
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def enable() -> torch.device:
+    """Make accelerate, transformers and peft (those installed) fall back to the current accelerator.
+
+    Idempotent. Returns the accelerator device (e.g. ``device(type='vnpu')``). Patches only
+    process-global Python attributes of the installed libraries (listed by :func:`patched_names`) and
+    :func:`disable` restores them; it sets no environment variable, so child processes are not affected
+    (use ``python -m torch_vnpu.integrations.huggingface script.py`` for those). Call it before the first
+    ``Accelerator``, ``PartialState`` or ``TrainingArguments.device``: accelerate keeps its device in a
+    process-wide shared state once created.
+
+    Raises:
+        RuntimeError: no accelerator is available (``torch.accelerator.current_accelerator()`` is None), or
+            accelerate's code no longer has the shape this adapter patches (unsupported version); in the
+            latter case nothing stays patched.
+    """
+    acc = _accelerator()
+    if acc is None:
+        raise RuntimeError("torch_vnpu.integrations.huggingface.enable(): no accelerator is available")
+    if _patches:
+        return acc
+    try:
+        if _installed("accelerate"):
+            _patch_accelerate(acc.type)
+            if _installed("transformers"):
+                _patch_transformers(acc.type)
+        if _installed("peft"):
+            _patch_peft()
+    except BaseException:
+        disable()
+        raise
+    return acc
+
+
+def disable() -> None:
+    """Undo :func:`enable` (no-op if not enabled). Devices already chosen by live objects stay as they are;
+    reset accelerate's shared state (``AcceleratorState._reset_state(True)``) to re-detect."""
+    while _patches:
+        owner, name, original = _patches.pop()
+        setattr(owner, name, original)
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect."""
+    return bool(_patches)
+
+
+def patched_names() -> list[str]:
+    """Qualified names of the attributes :func:`enable` replaced (empty when not enabled)."""
+    names = []
+    for owner, name, _ in _patches:
+        qual = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)
+        module = getattr(owner, "__module__", None)
+        names.append(f"{module}.{qual}.{name}" if isinstance(owner, type) or callable(owner) else f"{qual}.{name}")
+    return names
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[torch.device]:
+    """Context manager form: :func:`enable` on entry, :func:`disable` on exit if it was not enabled before."""
+    was = is_enabled()
+    device = enable()
+    try:
+        yield device
+    finally:
+        if not was:
+            disable()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m torch_vnpu.integrations.huggingface script.py [args...]``: enable, then run the script
+    as ``__main__`` with ``sys.argv = [script.py, args...]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(main.__doc__)
+        raise SystemExit(0 if argv else 2)
+    enable()
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
