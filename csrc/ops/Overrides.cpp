@@ -11,7 +11,9 @@
 #include "Executor.h"
 
 #include <ATen/native/DispatchStub.h>
+#include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/histc.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
 
@@ -92,9 +94,41 @@ void convolution_backward_overrideable(const c10::OperatorHandle& op, c10::Dispa
   executor_fallback(bw, ks, stack);
 }
 
+// histc of integer tensors: CUDA's kernel accepts them (counts in the input's dtype) and libraries rely on it
+// for every non-CPU device (transformers' grouped-MoE routing counts int32 expert ids with histc off CPU);
+// ATen's CPU kernel takes floating inputs only. vnpu counts on a float64 copy, exact for every integer
+// value an int32 index holds (and int64 values below 2**53), and returns the counts in the input's dtype.
+// Floating inputs run the CPU kernel through the executor as usual.
+void histc(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  auto args = stack->end() - n;
+  const Tensor self = args[0].toTensor();
+  if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    executor_fallback(op, ks, stack);
+    return;
+  }
+  const int64_t bins = args[1].toInt();
+  const Scalar min = args[2].toScalar();
+  const Scalar max = args[3].toScalar();
+  std::optional<Tensor> out;
+  if (n == 5) out = args[4].toTensor();
+  torch::jit::drop(*stack, n);
+  Tensor counts = at::histc(self.to(kDouble), bins, min, max).to(self.scalar_type());
+  if (out.has_value()) {
+    TORCH_CHECK(out->scalar_type() == self.scalar_type(), "torch.histc: input tensor and out tensor should have the same dtype, but got input ",
+                self.scalar_type(), " and out ", out->scalar_type());
+    at::native::resize_output(*out, counts.sizes());
+    out->copy_(counts);
+    counts = *out;
+  }
+  torch::jit::push(*stack, counts);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&histc>());
+  m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&histc>());
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
