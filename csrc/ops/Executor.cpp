@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
@@ -48,6 +49,9 @@ struct TensorMeta {
   bool defined = false;
   ScalarType dtype = ScalarType::Float;
   c10::SmallVector<int64_t, 5> sizes, strides;
+  // Set by kernels that return a lazily conjugated/negated result (e.g.
+  // linalg_lu_solve(adjoint=True, left=False) on complex inputs).
+  bool conj = false, neg = false;
 };
 
 struct MetaResult {
@@ -65,6 +69,8 @@ TensorMeta tensor_meta(const Tensor& t) {
   m.dtype = t.scalar_type();
   m.sizes.assign(t.sizes().begin(), t.sizes().end());
   m.strides.assign(t.strides().begin(), t.strides().end());
+  m.conj = t.is_conj();
+  m.neg = t.is_neg();
   return m;
 }
 
@@ -309,6 +315,41 @@ IValue to_meta(const IValue& v) {
   return v;
 }
 
+// Note [Overlap errors]
+// CPU kernels reject an out=/in-place argument that overlaps itself or
+// partially overlaps an input ("unsupported operation: ..."). Meta kernels
+// do not all check, and the vnpu path re-lays out out= arguments before the
+// kernel runs, so such calls first run CPU's kernel on stand-in CPU tensors
+// that share storage exactly as the arguments do, and raise its overlap
+// error at the call. Only calls with such aliasing pay for it.
+std::vector<std::pair<size_t, const Tensor*>> vnpu_tensors_of(ArrayRef<IValue> args) {
+  std::vector<std::pair<size_t, const Tensor*>> ts;
+  auto add = [&](const Tensor& t, size_t i) {
+    if (t.defined() && t.device().type() == kVNPU) ts.emplace_back(i, &t);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& a = args[i];
+    if (a.isTensor()) add(a.toTensor(), i);
+    else if (a.isTensorList()) for (const auto& t : a.toTensorList()) add(t, i);
+    else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor(), i);
+  }
+  return ts;
+}
+
+bool mutable_arg_overlaps(const OpInfo& info, ArrayRef<IValue> args) {
+  if (!info.any_mutable) return false;
+  auto ts = vnpu_tensors_of(args);
+  std::unordered_map<const c10::StorageImpl*, int> uses;  // foreach ops pass hundreds of tensors
+  uses.reserve(ts.size());
+  for (const auto& it : ts) ++uses[it.second->storage().unsafeGetStorageImpl()];
+  for (const auto& [i, t] : ts) {
+    if (!info.mutable_arg[i]) continue;
+    if (at::has_internal_overlap(*t) == at::MemOverlap::Yes) return true;
+    if (uses[t->storage().unsafeGetStorageImpl()] > 1) return true;
+  }
+  return false;
+}
+
 // ---------------------------------------------------------------------------
 // Task plans: what the worker needs, with no reference to vnpu tensors.
 
@@ -405,6 +446,27 @@ void prepare_worker_thread() {
   }
 }
 
+// Some out= kernels re-lay out their output (e.g. max_unpool2d's
+// resize_(..., memory_format) for channels-last inputs); the CPU alias then
+// no longer matches the vnpu output the caller already holds. The values
+// move into the planned layout (one extra copy, only when it happens).
+void restore_planned_layouts(const Plan& p, const std::vector<IValue>& outs, AliasContext& ctx) {
+  auto fix = [&](const Tensor& written, const TensorSpec& spec) {
+    if (!written.defined() || (written.sizes().equals(spec.sizes) && written.strides().equals(spec.strides))) return;
+    TORCH_CHECK(written.sizes().equals(spec.sizes), "vnpu: the out= kernel resized its output from ", c10::IntArrayRef(spec.sizes),
+                " to ", written.sizes());
+    Tensor values = written.clone();
+    ctx.make(spec).copy_(values);
+  };
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].isTensor()) fix(outs[i].toTensor(), p.outs[i].specs[0]);
+    else if (outs[i].isTensorList()) {
+      auto l = outs[i].toTensorList();
+      for (size_t j = 0; j < l.size(); ++j) fix(l.get(j), p.outs[i].specs[j]);
+    }
+  }
+}
+
 void run_plan(const Plan& p) {
   AliasContext ctx;
   Stack s;
@@ -412,8 +474,10 @@ void run_plan(const Plan& p) {
   for (const auto& a : p.args) s.push_back(materialize(a, ctx));
   if (p.out_op) {
     for (const auto& o : p.outs) s.push_back(materialize(o, ctx));
+    std::vector<IValue> outs(s.end() - p.outs.size(), s.end());
     try {
       p.out_op->redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+      restore_planned_layouts(p, outs, ctx);
       return;
     } catch (const c10::Error& e) {
       // Some out= kernels use their output as scratch of another shape (e.g.
@@ -464,15 +528,28 @@ struct MetaQuery {
   std::vector<int64_t> key, signature;
 };
 
+// The key of Note [Meta kernels are checked against CPU]: dtype, device and
+// rank of every tensor, and the values of bools and ints (e.g. batch norm's
+// `training` or a loss's `reduction` decide whether CPU returns empty or 0-dim
+// outputs where the Meta kernel does not), but not sizes: a training loop
+// converges to a handful of signatures.
 std::vector<int64_t> dtype_signature(ArrayRef<IValue> args) {
   std::vector<int64_t> sig;
   auto add = [&](const Tensor& t) {
-    sig.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0) : -1);
+    if (!t.defined()) { sig.push_back(-1); return; }
+    sig.push_back((static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0)) * 64 + t.dim());
   };
   for (const auto& a : args) {
     if (a.isTensor()) add(a.toTensor());
     else if (a.isTensorList()) for (const auto& t : a.toTensorList()) add(t);
-    else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor());
+    else if (a.isList()) {
+      sig.push_back(-2 - static_cast<int64_t>(a.toListRef().size()));
+      for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor());
+    }
+    else if (a.isBool()) sig.push_back(a.toBool() ? -3 : -4);
+    else if (a.isInt()) { sig.push_back(-5); sig.push_back(a.toInt()); }
+    else if (a.isNone()) sig.push_back(-6);
+    else sig.push_back(-7);
   }
   return sig;
 }
@@ -569,7 +646,7 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
 bool same_meta(const TensorMeta& a, const TensorMeta& b) {
   if (a.defined != b.defined) return false;
   if (!a.defined) return true;
-  if (a.dtype != b.dtype || a.sizes != b.sizes) return false;
+  if (a.dtype != b.dtype || a.sizes != b.sizes || a.conj != b.conj || a.neg != b.neg) return false;
   for (size_t d = 0; d < a.sizes.size(); ++d) {
     if (a.sizes[d] > 1 && a.strides[d] != b.strides[d]) return false;
   }
@@ -595,15 +672,28 @@ std::shared_ptr<MetaResult> observed_meta(const OpInfo& info, ArrayRef<IValue> r
   return m;
 }
 
-// Output metadata of the CPU kernel on stand-in CPU inputs (ones, same sizes,
-// strides, offsets, dtypes); nullptr if that run raises.
-std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
-  auto standin = [](const Tensor& t) -> Tensor {
+// Stand-in CPU arguments for `args`: ones with the same sizes, strides,
+// offsets and dtypes; tensors sharing a vnpu storage share one CPU storage
+// (for overlap checks), generators are fresh CPU ones (the user's CPU random
+// stream stays untouched), vnpu devices become CPU.
+Stack standin_stack(const c10::OperatorHandle& op, ArrayRef<IValue> args) {
+  std::unordered_map<const c10::StorageImpl*, std::vector<Tensor>> buffers;  // per storage, one per dtype
+  std::unordered_map<const c10::TensorImpl*, Tensor> same;  // one tensor passed twice stays one tensor
+  auto standin = [&](const Tensor& t) -> Tensor {
     if (!t.defined() || t.device().is_cpu()) return t;
+    auto known = same.find(t.unsafeGetTensorImpl());
+    if (known != same.end()) return known->second;
     int64_t elems = static_cast<int64_t>(t.storage().nbytes() / t.dtype().itemsize());
-    Tensor r = at::ones({std::max<int64_t>(elems, 1)}, t.options().device(kCPU))
-                   .as_strided(t.sizes(), t.strides(), t.storage_offset());
+    Tensor buf;
+    auto& bufs = buffers[t.storage().unsafeGetStorageImpl()];
+    for (const auto& b : bufs) if (b.scalar_type() == t.scalar_type()) buf = b;
+    if (!buf.defined()) {
+      buf = at::ones({std::max<int64_t>(elems, 1)}, t.options().device(kCPU));
+      bufs.push_back(buf);
+    }
+    Tensor r = buf.as_strided(t.sizes(), t.strides(), t.storage_offset());
     if (t.is_conj()) r = r.conj();
+    same.emplace(t.unsafeGetTensorImpl(), r);
     return r;
   };
   Stack s;
@@ -614,7 +704,6 @@ std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const Op
     if (kind == c10::TypeKind::OptionalType)
       kind = op.schema().arguments()[i].type()->cast<c10::OptionalType>()->getElementType()->kind();
     if (kind == c10::TypeKind::GeneratorType) {
-      // Never the default CPU generator: the user's CPU random stream stays untouched.
       s.push_back(at::make_generator<at::CPUGeneratorImpl>(0));
     } else if (a.isTensor()) {
       s.push_back(standin(a.toTensor()));
@@ -632,6 +721,13 @@ std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const Op
       s.push_back(a);
     }
   }
+  return s;
+}
+
+// Output metadata of the CPU kernel on stand-in CPU inputs; nullptr if that
+// run raises.
+std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
+  Stack s = standin_stack(op, args);
   std::vector<IValue> inputs(s.begin(), s.end());
   try {
     op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
@@ -639,6 +735,19 @@ std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const Op
     return nullptr;
   }
   return observed_meta(info, ArrayRef<IValue>(s.data(), op.schema().returns().size()), inputs);
+}
+
+// See Note [Overlap errors].
+void raise_overlap_errors_like_cpu(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
+  if (!mutable_arg_overlaps(info, args)) return;
+  Stack s = standin_stack(op, args);
+  try {
+    op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  } catch (const c10::Error& e) {
+    if (std::string_view(e.what()).find("unsupported operation:") != std::string_view::npos) throw;
+  } catch (const std::exception&) {
+    // other failures of the stand-in run say nothing about the real inputs
+  }
 }
 
 bool same_result(const MetaResult& a, const MetaResult& b) {
@@ -667,6 +776,11 @@ void apply_layout(const Tensor& t, const TensorMeta& m) {
 }
 
 void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev);
+
+void set_lazy_bits(const Tensor& t, const TensorMeta& m) {
+  if (t.is_conj() != m.conj) t._set_conj(m.conj);
+  if (t.is_neg() != m.neg) t._set_neg(m.neg);
+}
 
 void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
   const auto& schema = op.schema();
@@ -721,6 +835,9 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   const int64_t numel = max_numel(args);
   plan->args.reserve(n);
   for (size_t i = 0; i < n; ++i) plan->args.push_back(make_slot(args[i], schema.arguments()[i], dev, numel));
+  // The kernel sets these bits on its CPU aliases itself (as on CPU); the
+  // vnpu tensors take them once the task is planned.
+  for (const auto& [i, m] : meta->mutated) set_lazy_bits(args[i].toTensor(), m);
 
   auto alloc = [&](const TensorMeta& m) {
     if (!m.defined) return Tensor();
@@ -740,6 +857,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
       for (const auto& m : meta->returns[r]) {
         Tensor t = alloc(m);
         out.specs.push_back(spec_of(t));
+        set_lazy_bits(t, m);
         l.push_back(std::move(t));
       }
       results.emplace_back(std::move(l));
@@ -747,6 +865,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
       Tensor t = meta->returns[r].empty() ? Tensor() : alloc(meta->returns[r][0]);
       out.kind = Slot::Tensor;
       out.specs.push_back(spec_of(t));
+      if (t.defined()) set_lazy_bits(t, meta->returns[r][0]);
       results.emplace_back(std::move(t));
     }
     plan->outs.push_back(std::move(out));
@@ -928,6 +1047,7 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   c10::DeviceGuard guard(Device(kVNPU, dev));
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
+  if (info.path != Path::View && info.path != Path::InplaceView) raise_overlap_errors_like_cpu(op, info, torch::jit::last(*stack, n));
   switch (info.path) {
     case Path::View:
     case Path::InplaceView:

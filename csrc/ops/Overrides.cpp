@@ -1,9 +1,10 @@
 // Kernels chosen so vnpu runs exactly CPU's kernels, not a decomposition.
 //
-// * Ops with both a CPU kernel and a CompositeExplicitAutograd kernel would
+// * Ops with both a CPU kernel and a CompositeExplicitAutograd(NonFunctional) kernel would
 //   take the composite one on vnpu (a backend fallback loses to composites),
 //   e.g. native_layer_norm decomposing into batch norm. They are routed to the
-//   executor instead, which runs the CPU kernel (same numerics as CPU).
+//   executor instead, which runs the CPU kernel (same numerics as CPU). So are
+//   the few composites that gate on the device type themselves.
 // * scaled_dot_product_attention asks a per-device stub which fused kernel to
 //   use; vnpu answers exactly as CPU does (flash attention for CPU when
 //   eligible), from the tensors' metadata only.
@@ -50,13 +51,20 @@ void register_cpu_kernel_overrides() {
       auto op = c10::Dispatcher::singleton().findOp(name);
       if (!op || !op->hasKernelForDispatchKey(DispatchKey::CPU) ||
           op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
-          !op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd))
+          !(op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+            op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional)))
         continue;
       bool view = false;
       for (const auto& r : op->schema().returns()) view |= r.alias_info() && !r.alias_info()->isWrite();
       if (view) continue;  // views stay metadata-only composites
       std::string short_name = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       l->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
+    }
+    // CompositeExplicitAutograd kernels that call a DispatchStub or check the
+    // device type themselves (found by the OpInfo sweep; their CPU siblings
+    // have kernels): run them as one op on CPU aliases like any CPU kernel.
+    for (const char* name : {"mode.values", "conj_physical_"}) {
+      l->impl(name, torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
     }
     return l;
   }();

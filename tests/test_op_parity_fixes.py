@@ -1,0 +1,117 @@
+"""Representative cases of the failure kinds the OpInfo sweep found (docs/ops_coverage.md), vs CPU.
+
+Each test stands for a whole kind, fixed in the executor (csrc/ops/Executor.cpp) or its overrides
+(csrc/ops/Overrides.cpp): output metadata that depends on bool/int arguments, lazily conjugated results,
+out= kernels that re-lay out their output, composites that gate on the device type, CPU's overlap errors.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEV = "vnpu"
+
+
+def _v(x):
+    return x.to(DEV) if isinstance(x, torch.Tensor) else x
+
+
+def _same(out, ref, **tol):
+    assert out.device.type == DEV
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (out.shape, ref.shape, out.dtype, ref.dtype)
+    assert out.is_conj() == ref.is_conj()
+    torch.testing.assert_close(out.cpu(), ref, **tol)
+
+
+def test_batch_norm_eval_outputs_follow_training_flag():
+    # The Meta check is keyed by bool arguments too: after a training=True call,
+    # training=False must still return CPU's empty save_mean/save_invstd.
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    for training in (True, False, True):
+        ref = torch.native_batch_norm(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5)
+        out = torch.native_batch_norm(_v(x), _v(w), _v(b), _v(rm.clone()), _v(rv.clone()), training, 0.1, 1e-5)
+        for o, r in zip(out, ref):
+            _same(o, r)
+
+
+@pytest.mark.parametrize("fn", [F.multi_margin_loss, F.multilabel_margin_loss])
+def test_margin_losses_rank_dependent_shapes(fn):
+    # 2-D then 1-D input with reduction="none": CPU returns (N,) then () (rank enters the check key).
+    for shape in ((3, 4), (4,)):
+        x = torch.randn(*shape)
+        t = torch.randint(0, 4, shape[:-1]) if fn is F.multi_margin_loss else torch.randint(-1, 4, shape)
+        _same(fn(_v(x), _v(t), reduction="none"), fn(x, t, reduction="none"))
+
+
+def test_lu_solve_lazily_conjugated_result():
+    # CPU returns a conj-bit view for adjoint=True, left=False on complex inputs; vnpu must too.
+    a, b = torch.randn(3, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
+    lu, piv = torch.linalg.lu_factor(a)
+    ref = torch.linalg.lu_solve(lu, piv, b, adjoint=True, left=False)
+    _same(torch.linalg.lu_solve(_v(lu), _v(piv), _v(b), adjoint=True, left=False), ref, rtol=1e-5, atol=1e-5)
+    out = torch.empty(4, 3, dtype=torch.complex64, device=DEV)
+    torch.linalg.lu_solve(_v(lu), _v(piv), _v(b), adjoint=True, left=False, out=out)
+    _same(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_out_kernel_relayout_channels_last_max_unpool():
+    # max_unpool2d.out re-lays out its output for channels-last input; the values must land in the
+    # layout the caller holds. Poison the allocator's cached blocks first so stale data would show.
+    for _ in range(3):
+        torch.full((2, 2, 3, 6), float("nan"), device=DEV)
+    x = torch.randn(2, 2, 1, 2).contiguous(memory_format=torch.channels_last)
+    idx = torch.tensor([[[[1, 10]], [[7, 9]]], [[[6, 17]], [[12, 11]]]]).contiguous(memory_format=torch.channels_last)
+    ref = F.max_unpool2d(x, idx, 3, output_size=(3, 6))
+    _same(F.max_unpool2d(_v(x), _v(idx), 3, output_size=(3, 6)), ref)
+
+
+def test_device_gated_composites_run():
+    # mode.values and conj_physical_ are composites that dispatch on the device type internally.
+    x = torch.randint(0, 3, (4, 7)).float()
+    vals, idx = torch.empty(4, device=DEV), torch.empty(4, dtype=torch.long, device=DEV)
+    torch.mode(_v(x), 1, out=(vals, idx))
+    rv, ri = torch.mode(x, 1)
+    _same(vals, rv)
+    _same(idx, ri)
+    c = torch.randn(5, dtype=torch.complex64)
+    _same(_v(c).conj_physical_(), c.clone().conj_physical_())
+
+
+def test_narrow_copy_error_type_like_cpu():
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError):
+        x.narrow_copy(3, 0, 1)
+    with pytest.raises(RuntimeError):
+        _v(x).narrow_copy(3, 0, 1)
+
+
+@pytest.mark.parametrize("case", ["cat_into_input", "index_select_expanded_out", "masked_select_into_input"])
+def test_overlap_errors_raise_at_the_call(case):
+    def run(dev):
+        if case == "cat_into_input":
+            x = torch.zeros(12, 6, device=dev)
+            torch.cat([x[:6], x[6:]], out=x)
+        elif case == "index_select_expanded_out":
+            a, out = torch.randn(4, 6, device=dev), torch.empty(1, 6, device=dev).expand(2, 6)
+            torch.index_select(a, 0, torch.tensor([0, 1], device=dev), out=out)
+        else:
+            a = torch.randn(6, device=dev)
+            torch.masked_select(a, a > 0, out=a)
+
+    with pytest.raises(RuntimeError, match="unsupported operation") as cpu_err:
+        run("cpu")
+    with pytest.raises(RuntimeError, match="unsupported operation") as vnpu_err:
+        run(DEV)
+    assert str(vnpu_err.value).split(".")[0] == str(cpu_err.value).split(".")[0]
+    torch.vnpu.synchronize()  # no sticky error was left behind
+    y = torch.arange(6.0, device=DEV)
+    assert y.add(1).sum().item() == 21.0
+
+
+def test_in_place_on_itself_still_allowed():
+    # Full overlap (x op= x) is legal on CPU and must stay legal (and equal) on vnpu.
+    x = torch.randn(5, 4)
+    v = _v(x)
+    _same(v.mul_(v), x * x)
+    x = x * x
+    _same(v.add_(v), x + x)
