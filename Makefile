@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-runtime test-python install deps system-deps bench opinfo opinfo-slice clean
+.PHONY: demo test test-runtime test-python install deps system-deps bench opinfo opinfo-slice hf-coverage clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ opinfo-slice: install
 opinfo: install
 	mkdir -p $(OUT) && cd $(OUT) && ../$(PY) ../scripts/opinfo_parity.py --jobs 2 --limit-samples 4 \
 	  --json opinfo.json --markdown ../docs/ops_coverage.md
+
+# Hugging Face causal-LM architecture sweep (issue #4): every model_type of transformers' causal-LM mapping
+# as a tiny random-weight model, vnpu vs CPU (forward, gradients, greedy generate); offline, no downloads.
+hf-coverage: install
+	mkdir -p $(OUT) && cd $(OUT) && HF_HUB_OFFLINE=1 ../$(PY) ../scripts/hf_coverage.py --jobs 2 --timeout 600 \
+	  --json hf_coverage.json --markdown ../docs/hf_coverage.md
 
 clean:
 	rm -rf build $(OUT)

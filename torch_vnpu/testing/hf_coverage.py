@@ -237,7 +237,7 @@ FAMILY_OVERRIDES = {
               "mamba_dt_rank": 8},
     # defaults that do not build even at full size (None where the model needs a number)
     "deepseek_v2": {"num_experts_per_tok": TOPK},
-    "dots1": {"n_routed_experts": EXPERTS, "n_shared_experts": 1},
+    "dots1": {"n_routed_experts": EXPERTS, "n_shared_experts": 1, "num_experts_per_tok": TOPK},
     "dbrx": {"attn_config._pop": ["_name_or_path", "output_attentions"], "attn_config.rope_theta": 10000.0,
              "attn_config.clip_qkv": 8.0,
              "ffn_config._pop": ["_name_or_path", "output_attentions"]},
@@ -383,7 +383,8 @@ def _generate(model, ids, cfg):
     import torch
 
     tc = cfg.get_text_config()
-    pad = tc.pad_token_id if isinstance(tc.pad_token_id, int) else 0
+    pad = getattr(tc, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) else 0
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                          do_sample=False, use_cache=True, pad_token_id=pad, return_dict_in_generate=True,
                          output_logits=True, num_beams=1)
@@ -762,6 +763,8 @@ def main(argv=None):
     p.add_argument("--json", help="write the results here")
     p.add_argument("--markdown", help="write the report here")
     p.add_argument("--from-json", help="re-render the report from a previous --json file (no run)")
+    p.add_argument("--update", metavar="JSON", help="merge: rerun the selected architectures and replace their "
+                   "entries in this previous --json result (the other entries are kept)")
     p.add_argument("--attn-implementation", default=None, help="e.g. eager or sdpa (default: the model's)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -776,6 +779,16 @@ def main(argv=None):
         archs = [x for x in all_archs() if any(fnmatch.fnmatch(x, g) for g in globs)]
         res = run_sweep(archs, jobs=a.jobs, timeout=a.timeout, attn_implementation=a.attn_implementation,
                         log=lambda s: print(s, flush=True))
+        if a.update:
+            with open(a.update) as f:
+                old = json.load(f)
+            merged = dict(old["archs"])
+            merged.update(res["archs"])
+            order = all_archs()
+            res["archs"] = {x: merged[x] for x in order if x in merged}
+            res["meta"]["updated"] = res["meta"]["started"]
+            res["meta"]["started"] = old["meta"]["started"]
+            res["meta"]["duration_s"] = old["meta"]["duration_s"] + res["meta"]["duration_s"]
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
