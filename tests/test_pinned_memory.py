@@ -142,3 +142,21 @@ def test_pinned_source_reused_after_synchronize():
         torch.vnpu.synchronize()
     for k, o in enumerate(outs):
         assert torch.equal(o.cpu(), torch.full((1000,), float(k)))
+
+
+def test_blocking_copy_from_pinned_source_returns_after_the_copy():
+    # As on CUDA, a copy without non_blocking leaves the source free to modify or free at once, even when
+    # the stream is busy (regression: the runtime's async pinned-memory copy used to be left pending, so a
+    # DataLoader(pin_memory=True) batch could be overwritten before it reached the device).
+    a = torch.randn(512, 512, device=DEV)
+    for _ in range(5):
+        for _ in range(3):
+            a = a @ a / 23  # keep the stream busy
+        src = torch.arange(4096, dtype=torch.float32).pin_memory()
+        ref = src.clone()
+        d = src.to(DEV)
+        src.fill_(-1)
+        del src
+        refill = torch.full((4096,), -2.0).pin_memory()  # may reuse the freed pinned block
+        assert torch.equal(d.cpu(), ref)
+        del refill

@@ -67,7 +67,13 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   if (same_dense_layout(dst, src)) {
     VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
                                stream.stream()));
-    if (non_blocking && src.is_pinned()) record_pinned(src, stream);
+    // The runtime copies from pinned memory asynchronously. A blocking copy returns with the source free
+    // to reuse or modify (as CUDA's copy_, which synchronizes the stream); a non_blocking one keeps the
+    // pinned block out of the host allocator's cache until the copy has run.
+    if (src.is_pinned()) {
+      if (non_blocking) record_pinned(src, stream);
+      else stream.synchronize();
+    }
     return;
   }
   // Convert on the host into dst's dtype (and dst's layout when it is dense).
