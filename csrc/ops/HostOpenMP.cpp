@@ -1,5 +1,7 @@
 #include "HostOpenMP.h"
 
+#include <vnpu/runtime.h>
+
 #include <dlfcn.h>
 
 namespace at::vnpu {
@@ -24,12 +26,19 @@ struct Gomp {
 };
 
 constexpr int kOmpPauseSoft = 1;  // omp_pause_soft (OpenMP 5.0)
+// Long enough that a training loop's host gap between steps (a sync, a
+// loss.item()) keeps the pool; short next to CPU work worth speeding up.
+constexpr unsigned kVNPUIdleReleaseMicros = 2000;
 
 }  // namespace
 
 void release_host_openmp_pool() {
   static const Gomp gomp;
   if (gomp.pause) gomp.pause(kOmpPauseSoft, gomp.host);
+}
+
+void release_openmp_pool_when_workers_idle() {
+  vnpuSetWorkerIdleHook(&release_host_openmp_pool, kVNPUIdleReleaseMicros);
 }
 
 }  // namespace at::vnpu

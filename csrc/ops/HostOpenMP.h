@@ -13,7 +13,9 @@
 // omp_pause_resource before each launch leaves the worker's pool the only
 // one (the same matmul: 8 us). Thread counts do not change, so kernels
 // split work exactly as on CPU and results stay bitwise equal. The host
-// thread's next parallel CPU op simply recreates its pool.
+// thread's next parallel CPU op simply recreates its pool. The other way
+// round, a stream worker idle for 2 ms releases its own
+// pool, so CPU work between bursts of device work runs at full speed.
 #pragma once
 
 namespace at::vnpu {
@@ -22,5 +24,8 @@ namespace at::vnpu {
 // region, when the thread has no pool, or when the OpenMP runtime is not
 // libgomp). Cheap enough to call on every launch.
 void release_host_openmp_pool();
+
+// Installs release_host_openmp_pool as the runtime's worker idle hook.
+void release_openmp_pool_when_workers_idle();
 
 }  // namespace at::vnpu

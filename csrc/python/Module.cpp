@@ -7,6 +7,7 @@
 #include "../core/VNPUHostAllocator.h"
 #include "../core/VNPUStream.h"
 #include "../ops/Executor.h"
+#include "../ops/HostOpenMP.h"
 #include "../ops/OpStats.h"
 
 #include <pybind11/pybind11.h>
@@ -106,6 +107,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_vnpu native bindings (private; use torch.vnpu)";
   at::vnpu::register_hooks();
   at::vnpu::register_cpu_kernel_overrides();
+  at::vnpu::release_openmp_pool_when_workers_idle();
 
   m.def("_device_count", &c10::vnpu::device_count);
   m.def("_current_device", &c10::vnpu::current_device);

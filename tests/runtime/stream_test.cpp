@@ -350,3 +350,49 @@ TEST_F(StreamTest, ConcurrentSubmittersToOneStream) {
 }
 
 }  // namespace
+
+// ---- worker idle hook ------------------------------------------------------
+
+namespace idle_hook {
+std::atomic<int> calls{0};
+std::atomic<std::thread::id> thread{};
+void hook() {
+  calls.fetch_add(1);
+  thread.store(std::this_thread::get_id());
+}
+}  // namespace idle_hook
+
+TEST_F(StreamTest, IdleHookWaitsForTheLinger) {
+  idle_hook::calls = 0;
+  ASSERT_EQ(vnpuSetWorkerIdleHook(&idle_hook::hook, 60u * 1000 * 1000), vnpuSuccess);  // 60 s
+  {
+    Stream s;
+    ASSERT_EQ(vnpuLaunchKernel(s, "work", [] {}), vnpuSuccess);
+    ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+    std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(idle_hook::calls.load(), 0);
+  }  // destroying the stream wakes its worker: no call
+  EXPECT_EQ(idle_hook::calls.load(), 0);
+  ASSERT_EQ(vnpuSetWorkerIdleHook(nullptr, 0), vnpuSuccess);
+}
+
+TEST_F(StreamTest, IdleHookRunsOnTheWorkerAfterTheLingerOnlyOncePerBurst) {
+  idle_hook::calls = 0;
+  ASSERT_EQ(vnpuSetWorkerIdleHook(&idle_hook::hook, 20000), vnpuSuccess);  // 20 ms
+  Stream s;
+  std::atomic<std::thread::id> worker{};
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(vnpuLaunchKernel(s, "note", [&] { worker.store(std::this_thread::get_id()); }), vnpuSuccess);
+  }
+  ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(idle_hook::calls.load(), 1);  // once, not once per task or per linger period
+  EXPECT_EQ(idle_hook::thread.load(), worker.load());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(idle_hook::calls.load(), 1);  // idle without new work: no more calls
+  ASSERT_EQ(vnpuLaunchKernel(s, "again", [] {}), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(idle_hook::calls.load(), 2);
+  ASSERT_EQ(vnpuSetWorkerIdleHook(nullptr, 0), vnpuSuccess);
+}

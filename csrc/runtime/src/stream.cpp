@@ -3,25 +3,41 @@
 
 #include <pthread.h>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 
 namespace vnpu::rt {
 namespace {
+
+std::atomic<void (*)()> g_idle_hook{nullptr};
+std::atomic<unsigned> g_idle_linger_us{0};
 
 void run_worker(vnpuStream_st* s) {
   char name[16];
   std::snprintf(name, sizeof(name), "vnpu%d-s%p", s->device, static_cast<void*>(s));
   pthread_setname_np(pthread_self(), name);
   current_device() = s->device;
+  bool ran_since_idle = false;
   for (;;) {
     vnpuStream_st::Task task;
     {
       std::unique_lock<std::mutex> lk(s->mu);
-      s->cv_work.wait(lk, [&] { return !s->queue.empty(); });
+      auto has_work = [&] { return !s->queue.empty(); };
+      auto hook = g_idle_hook.load();
+      if (hook && ran_since_idle && !has_work() &&
+          !s->cv_work.wait_for(lk, std::chrono::microseconds(g_idle_linger_us.load()), has_work)) {
+        lk.unlock();
+        hook();
+        ran_since_idle = false;
+        lk.lock();
+      }
+      s->cv_work.wait(lk, has_work);
       task = std::move(s->queue.front());
       s->queue.pop_front();
     }
     if (!task.fn) return;  // shutdown marker from vnpuStreamDestroy
+    ran_since_idle = true;
     try {
       task.fn();
     } catch (const std::exception& e) {
@@ -76,6 +92,12 @@ void vnpuStream_st::wait_idle() {
 bool vnpuStream_st::idle() {
   std::lock_guard<std::mutex> lk(mu);
   return completed == submitted;
+}
+
+vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us) {
+  g_idle_linger_us.store(linger_us);
+  g_idle_hook.store(fn);
+  return vnpuSuccess;
 }
 
 vnpuError_t vnpuDeviceGetStreamPriorityRange(int* least, int* greatest) {

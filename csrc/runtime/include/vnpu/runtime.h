@@ -131,6 +131,12 @@ vnpuError_t vnpuGetDefaultStream(int device, vnpuStream_t* stream);
 vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel);
 using vnpuHostFn_t = void (*)(void* user_data);
 vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data);
+// Worker idle hook (no CUDA equivalent: workers are host threads): `fn` runs on
+// a stream's worker thread once its queue has stayed empty for `linger_us`
+// microseconds after running work, so the layer above can release per-thread
+// resources that compete with other threads while idle (the OpenMP pool of
+// ATen's kernels). nullptr disables it. Process-wide; applies to every stream.
+vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us);
 
 // Events (CUDA semantics: a never-recorded event is complete; a wait or
 // synchronize refers to the record current at its call, even if the event is
