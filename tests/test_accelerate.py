@@ -118,3 +118,14 @@ def test_accelerate_bundled_test_script_passes_on_vnpu(tmp_path):
                     "Training yielded the same results on one CPU or distributed setup with batch split.",
                     "BF16 training check.", "FP16 training check.", "**Test reinstantiated state**"):
         assert section in out, section
+
+
+def test_runner_module_form_enables_the_adapter(tmp_path):
+    (tmp_path / "probe_mod.py").write_text(
+        "import sys\nfrom accelerate import Accelerator\nprint('device', Accelerator().device, sys.argv[1:])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "torch_vnpu.integrations.huggingface", "-m", "probe_mod", "x"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "device vnpu ['x']" in r.stdout, r.stdout + r.stderr

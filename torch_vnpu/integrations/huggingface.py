@@ -16,7 +16,8 @@ Usage::
     from accelerate import Accelerator
     Accelerator().device                  # device(type='vnpu')
 
-or run an unchanged script with ``python -m torch_vnpu.integrations.huggingface script.py [args]``.
+or run an unchanged program with ``python -m torch_vnpu.integrations.huggingface script.py [args]`` (or
+``... -m module [args]``).
 What each patch does and the upstream change that would make it unnecessary: ``docs/huggingface.md``.
 """
 
@@ -229,15 +230,22 @@ def enabled() -> Iterator[torch.device]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m torch_vnpu.integrations.huggingface script.py [args...]``: enable, then run the script
-    as ``__main__`` with ``sys.argv = [script.py, args...]``."""
+    """Run a program with the adapter enabled, as ``__main__``:
+
+    ``python -m torch_vnpu.integrations.huggingface script.py [args...]`` (``sys.argv = [script.py, args...]``)
+    ``python -m torch_vnpu.integrations.huggingface -m module [args...]`` (e.g. ``-m pytest tests/``)
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(main.__doc__)
-        raise SystemExit(0 if argv else 2)
+        raise SystemExit(0 if argv and argv[0] != "-m" else 2)
     enable()
-    sys.argv = argv
-    runpy.run_path(argv[0], run_name="__main__")
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 if __name__ == "__main__":
