@@ -682,8 +682,11 @@ def write_markdown(res, path, command=None):
          f"- torch {m['torch']}, transformers {m['transformers']}, run {m['started']}, "
          f"{m['duration_s'] / 60:.1f} min with {m['jobs']} job(s), timeout {m['timeout']} s per architecture",
          ]
+    command = m.get("command") or command
     if command:
         L.append(f"- command: `{command}`")
+    if m.get("updated"):
+        L.append(f"- architectures rerun and merged (`--update`) {m['updated']}")
     L.append("")
     L.append(f"## Headline: **{counts['pass']} / {runnable}** architectures that run on CPU pass on vnpu "
              f"({len(archs)} in the mapping)\n")
@@ -721,6 +724,14 @@ def write_markdown(res, path, command=None):
         L.append("|---|---|")
         for k, v in sorted(other.items()):
             L.append(f"| {_md(k)} | {', '.join('`' + a + '`' for a in v)} |")
+    else:
+        L.append("None.")
+    L.append("")
+    noted = [(a, n) for a, r in archs.items() for n in (r.get("notes") or [])]
+    L.append("## Notes (passing architectures with a partial or tied check)\n")
+    if noted:
+        for a, n in noted:
+            L.append(f"- `{a}`: {_md(_short(n, 250))}")
     else:
         L.append("None.")
     L.append("")
@@ -779,6 +790,7 @@ def main(argv=None):
         archs = [x for x in all_archs() if any(fnmatch.fnmatch(x, g) for g in globs)]
         res = run_sweep(archs, jobs=a.jobs, timeout=a.timeout, attn_implementation=a.attn_implementation,
                         log=lambda s: print(s, flush=True))
+        res["meta"]["command"] = "python scripts/hf_coverage.py " + " ".join(argv if argv is not None else sys.argv[1:])
         if a.update:
             with open(a.update) as f:
                 old = json.load(f)
@@ -789,6 +801,8 @@ def main(argv=None):
             res["meta"]["updated"] = res["meta"]["started"]
             res["meta"]["started"] = old["meta"]["started"]
             res["meta"]["duration_s"] = old["meta"]["duration_s"] + res["meta"]["duration_s"]
+            res["meta"]["command"] = old["meta"].get("command", res["meta"]["command"]) + " (then: " + \
+                res["meta"]["command"] + ")"
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
