@@ -18,6 +18,7 @@ def _bad_index_select(device="vnpu:0"):
 
 
 def _assert_kernel_error(exc, device="vnpu:0"):
+    assert isinstance(exc, torch.AcceleratorError), type(exc)  # as CUDA's asynchronous errors (a RuntimeError)
     msg = str(exc)
     assert "index_select" in msg, msg
     assert device in msg, msg

@@ -4,17 +4,28 @@
 
 namespace c10::vnpu {
 
+namespace {
+
+// Runtime errors become torch.AcceleratorError (a RuntimeError) in Python, as
+// C10_CUDA_CHECK's do for CUDA errors.
+[[noreturn]] void throw_accelerator_error(vnpuError_t err, const char* func, const char* file, int line,
+                                          const std::string& msg) {
+  throw c10::AcceleratorError({func, file, static_cast<uint32_t>(line)}, static_cast<int32_t>(err), msg);
+}
+
+}  // namespace
+
 void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, const char* func,
                          int line) {
   std::string where = std::string(" (") + expr + " at " + file + ":" + std::to_string(line) + ")";
   switch (err) {
-    case vnpuErrorLaunchFailure: {
-      // As on CUDA, an asynchronous kernel failure surfaces as RuntimeError
-      // carrying the kernel's name and its own message.
-      TORCH_CHECK(false, "vNPU error: ", vnpuGetLastErrorString(),
-                  "\nvNPU kernel errors are reported asynchronously at the next synchronizing "
-                  "call; set VNPU_LAUNCH_BLOCKING=1 to raise them at the failing call.");
-    }
+    case vnpuErrorLaunchFailure:
+      // As on CUDA, an asynchronous kernel failure surfaces at the next
+      // synchronizing call, carrying the kernel's name and its own message.
+      throw_accelerator_error(err, func, file, line,
+                              std::string("vNPU error: ") + vnpuGetLastErrorString() +
+                                  "\nvNPU kernel errors are reported asynchronously at the next synchronizing "
+                                  "call; set VNPU_LAUNCH_BLOCKING=1 to raise them at the failing call.");
     case vnpuErrorMemoryAllocation:
       TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory", where);
     case vnpuErrorForkedAfterInit:
@@ -22,9 +33,9 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
                   "Cannot re-initialize vNPU in forked subprocess. To use vNPU with "
                   "multiprocessing, you must use the 'spawn' start method");
     case vnpuErrorInvalidDevice:
-      TORCH_CHECK(false, "vNPU error: invalid device ordinal", where);
+      throw_accelerator_error(err, func, file, line, "vNPU error: invalid device ordinal" + where);
     default:
-      TORCH_CHECK(false, "vNPU error: ", vnpuGetErrorString(err), where);
+      throw_accelerator_error(err, func, file, line, std::string("vNPU error: ") + vnpuGetErrorString(err) + where);
   }
 }
 
