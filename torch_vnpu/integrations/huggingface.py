@@ -88,8 +88,8 @@ def _patch_accelerate(device_type: str) -> None:
 
     @functools.wraps(orig_scaler)
     def get_grad_scaler(distributed_type=None, **kwargs):
-        state = accelerate.state.PartialState()
-        if distributed_type != accelerate.utils.DistributedType.FSDP and state.device.type == device_type:
+        device = accelerate.state.PartialState._shared_state.get("device")  # read only: no state is created
+        if distributed_type != accelerate.utils.DistributedType.FSDP and getattr(device, "type", None) == device_type:
             return torch.amp.GradScaler(device_type, **kwargs)
         return orig_scaler(distributed_type, **kwargs)
 
