@@ -128,3 +128,22 @@ def test_trl_sft_trainer_tiny_llama_matches_cpu(tmp_path, adapter):
     print("sft losses cpu", cpu_losses, "vnpu", losses)
     assert len(losses) == len(cpu_losses) == 3
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=RTOL, atol=0)
+
+
+def test_trainer_bf16_mixed_precision_on_vnpu(tmp_path, adapter):
+    """TrainingArguments(bf16=True) is accepted for vnpu (patch 5) and the forward runs under autocast on vnpu."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "bf16"), bf16=True, max_steps=2, per_device_train_batch_size=4,
+        learning_rate=5e-3, logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_tqdm=True,
+    )
+    model = _tiny_llama(64)
+    dtypes = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, a, out: dtypes.append(out.dtype))
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(16, 24, 64))
+    trainer.train()
+    _assert_on_vnpu(trainer)
+    assert trainer.accelerator.mixed_precision == "bf16" and dtypes and set(dtypes) == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}  # master weights stay fp32
+    losses = _losses(trainer)
+    fp32_cpu = _losses(_run_trainer(tmp_path, use_cpu=True))[:2]  # same model, data and first two lr values
+    assert len(losses) == 2 and all(abs(a - b) < 2e-2 * b for a, b in zip(losses, fp32_cpu)), (losses, fp32_cpu)
