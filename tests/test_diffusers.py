@@ -9,7 +9,8 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler, UNet2DModel  # noqa: E402
 
-# Same ATen CPU kernels on both devices: outputs have been bitwise equal; the assertion allows 1e-5.
+# Same ATen CPU kernels on both devices; measured max abs difference 2.4e-7 (images in [0, 1]), not bitwise
+# (float reductions may split differently on the stream worker). The assertion allows 1e-5.
 ATOL = RTOL = 1e-5
 
 
