@@ -23,8 +23,8 @@ def adapter():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def test_device_selection_follows_adapter_and_cpu_flag():
-    assert "ACCELERATE_TORCH_DEVICE" not in os.environ
+def test_device_selection_follows_adapter_and_cpu_flag(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)  # accelerate's own override would win
     AcceleratorState._reset_state(reset_partial_state=True)
     assert Accelerator().device.type == "cpu"  # accelerate 1.15 alone does not know vnpu
     AcceleratorState._reset_state(reset_partial_state=True)
