@@ -27,7 +27,7 @@ import contextlib
 import functools
 import runpy
 import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
