@@ -6,11 +6,21 @@ namespace c10::vnpu {
 
 DeviceIndex device_count() noexcept {
   int n = 0;
-  if (vnpuGetDeviceCount(&n) != vnpuSuccess) return 0;
+  if (vnpuGetDeviceCount(&n) != vnpuSuccess) {
+    // As torch.cuda.device_count() with a broken driver: 0 devices and a
+    // warning; using a device then raises the same message.
+    try {
+      TORCH_WARN_ONCE("vNPU initialization: ", vnpuGetConfigurationErrorString(), ". No vnpu devices are available.");
+    } catch (...) {  // warnings turned into errors must not escape a noexcept query
+    }
+    return 0;
+  }
   return static_cast<DeviceIndex>(n);
 }
 
 void check_device_index(DeviceIndex device) {
+  const char* config_error = vnpuGetConfigurationErrorString();
+  TORCH_CHECK(*config_error == '\0', "vNPU is not available: ", config_error);
   TORCH_CHECK(device >= 0 && device < device_count(), "Invalid device ordinal: vnpu:", int(device),
               ". Expected an index in [0, ", int(device_count()),
               "); set VNPU_DEVICE_COUNT or VNPU_VISIBLE_DEVICES for more devices.");

@@ -24,6 +24,17 @@ VNPU_CHILD_SCENARIO(DeviceCountMatchesEnv) {
   return 0;
 }
 
+// A bad VNPU_* variable: no devices, vnpuErrorInvalidConfiguration, and a
+// message containing VNPU_TEST_EXPECT_TEXT.
+VNPU_CHILD_SCENARIO(InvalidConfiguration) {
+  int n = -1;
+  CHILD_CHECK_EQ(vnpuGetDeviceCount(&n), vnpuErrorInvalidConfiguration);
+  CHILD_CHECK_EQ(n, 0);
+  CHILD_CHECK_EQ(vnpuSetDevice(0), vnpuErrorInvalidDevice);
+  CHILD_CHECK(std::strstr(vnpuGetConfigurationErrorString(), std::getenv("VNPU_TEST_EXPECT_TEXT")) != nullptr);
+  return 0;
+}
+
 // VNPU_DEVICE_COUNT=4 VNPU_VISIBLE_DEVICES=3,1: visible device 0 is physical 3.
 VNPU_CHILD_SCENARIO(VisibleDevicesReorder) {
   int n = -1;
@@ -97,13 +108,20 @@ TEST(DeviceEnvTest, CountFromEnvironment) {
                         {"VNPU_DEVICE_COUNT=1", "VNPU_TEST_EXPECT_COUNT=1"}), 0);
 }
 
-TEST(DeviceEnvTest, CountIsClampedToValidRange) {
+TEST(DeviceEnvTest, CountUpToTheMaximum) {
   // Small capacity keeps 64 address-space reservations cheap.
-  EXPECT_EQ(RunScenario("DeviceCountMatchesEnv", {"VNPU_DEVICE_COUNT=1000",
-                                                  "VNPU_MEMORY_PER_DEVICE=1M",
+  EXPECT_EQ(RunScenario("DeviceCountMatchesEnv", {"VNPU_DEVICE_COUNT=64", "VNPU_MEMORY_PER_DEVICE=1M",
                                                   "VNPU_TEST_EXPECT_COUNT=64"}), 0);
-  EXPECT_EQ(RunScenario("DeviceCountMatchesEnv",
-                        {"VNPU_DEVICE_COUNT=-4", "VNPU_TEST_EXPECT_COUNT=0"}), 0);
+}
+
+TEST(DeviceEnvTest, InvalidConfigurationMeansNoDevicesAndSaysWhy) {
+  EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_DEVICE_COUNT=1000", "VNPU_TEST_EXPECT_TEXT=VNPU_DEVICE_COUNT=1000"}), 0);
+  EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_DEVICE_COUNT=-4", "VNPU_TEST_EXPECT_TEXT=VNPU_DEVICE_COUNT=-4"}), 0);
+  EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_DEVICE_COUNT=2x", "VNPU_TEST_EXPECT_TEXT=VNPU_DEVICE_COUNT=2x"}), 0);
+  EXPECT_EQ(RunScenario("InvalidConfiguration",
+                        {"VNPU_MEMORY_PER_DEVICE=8Q", "VNPU_TEST_EXPECT_TEXT=VNPU_MEMORY_PER_DEVICE=8Q"}), 0);
+  EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_MEMORY_PER_DEVICE=100T", "VNPU_DEVICE_COUNT=64",
+                                                 "VNPU_TEST_EXPECT_TEXT=cannot reserve"}), 0);
 }
 
 TEST(DeviceEnvTest, VisibleDevicesSelectAndReorder) {

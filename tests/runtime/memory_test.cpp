@@ -264,11 +264,11 @@ TEST(MemoryEnvTest, CapacityFromEnvironment) {
                         {"VNPU_MEMORY_PER_DEVICE=64m", "VNPU_TEST_EXPECT_TOTAL=67108864"}), 0);
   EXPECT_EQ(RunScenario("CapacityFromEnv",
                         {"VNPU_MEMORY_PER_DEVICE=8192", "VNPU_TEST_EXPECT_TOTAL=8192"}), 0);
-  // Unparseable values fall back to the 8 GiB default.
   EXPECT_EQ(RunScenario("CapacityFromEnv",
-                        {"VNPU_MEMORY_PER_DEVICE=lots", "VNPU_TEST_EXPECT_TOTAL=8589934592"}), 0);
+                        {"VNPU_MEMORY_PER_DEVICE=1.5G", "VNPU_TEST_EXPECT_TOTAL=1610612736"}), 0);
   EXPECT_EQ(RunScenario("CapacityFromEnv",
-                        {"VNPU_MEMORY_PER_DEVICE=3Q", "VNPU_TEST_EXPECT_TOTAL=8589934592"}), 0);
+                        {"VNPU_MEMORY_PER_DEVICE=", "VNPU_TEST_EXPECT_TOTAL=8589934592"}), 0);  // empty: default
+  // Unparseable values are configuration errors (device_test.cpp), not silently the default.
 }
 
 // ---- pinned host memory ------------------------------------------------------

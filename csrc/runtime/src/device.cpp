@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <sstream>
 
 namespace vnpu::rt {
@@ -15,6 +16,26 @@ std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_bad_fork{false};
 constexpr int kMaxDevices = 64;
 constexpr size_t kDefaultCapacity = size_t(8) << 30;
+std::string g_config_error;  // written once, before g_initialized is set
+
+// Parses "8G", "512M", "1.5g", "1073741824"; false on anything else.
+bool parse_bytes_strict(const char* text, size_t* out) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  if (end == text || !(v >= 0)) return false;
+  size_t mult = 1;
+  switch (*end) {
+    case 'k': case 'K': mult = size_t(1) << 10; ++end; break;
+    case 'm': case 'M': mult = size_t(1) << 20; ++end; break;
+    case 'g': case 'G': mult = size_t(1) << 30; ++end; break;
+    case 't': case 'T': mult = size_t(1) << 40; ++end; break;
+    default: break;
+  }
+  if (*end == 'B' || *end == 'b') ++end;
+  if (*end != '\0') return false;
+  *out = static_cast<size_t>(v * static_cast<double>(mult));
+  return true;
+}
 
 void on_fork_child() {
   if (g_initialized.load()) g_bad_fork.store(true);
@@ -44,14 +65,28 @@ std::vector<int> visible_physical_ids(int physical_count) {
 
 std::vector<Device*>* create_devices() {
   pthread_atfork(nullptr, nullptr, on_fork_child);
+  auto* list = new std::vector<Device*>();
   int physical = 2;
   if (const char* c = std::getenv("VNPU_DEVICE_COUNT")) {
-    physical = std::atoi(c);
-    if (physical < 0) physical = 0;
-    if (physical > kMaxDevices) physical = kMaxDevices;
+    char* end = nullptr;
+    long n = std::strtol(c, &end, 10);
+    if (end == c || *end != '\0' || n < 0 || n > kMaxDevices) {
+      g_config_error = std::string("VNPU_DEVICE_COUNT=") + c + " is not a device count; use an integer in [0, " +
+                       std::to_string(kMaxDevices) + "]";
+      g_initialized.store(true);
+      return list;
+    }
+    physical = static_cast<int>(n);
   }
-  size_t capacity = parse_bytes(std::getenv("VNPU_MEMORY_PER_DEVICE"), kDefaultCapacity);
-  auto* list = new std::vector<Device*>();
+  size_t capacity = kDefaultCapacity;
+  if (const char* m = std::getenv("VNPU_MEMORY_PER_DEVICE"); m != nullptr && *m != '\0') {
+    if (!parse_bytes_strict(m, &capacity)) {
+      g_config_error = std::string("VNPU_MEMORY_PER_DEVICE=") + m +
+                       " is not a size; use bytes or a number with a K/M/G/T suffix, e.g. 8G or 512M";
+      g_initialized.store(true);
+      return list;
+    }
+  }
   for (int phys : visible_physical_ids(physical)) {
     auto* d = new Device();
     d->index = static_cast<int>(list->size());
@@ -60,8 +95,13 @@ std::vector<Device*>* create_devices() {
     void* base = mmap(nullptr, capacity == 0 ? 4096 : capacity, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
+      const int index = d->index;
       delete d;
-      break;  // address space exhausted: expose the devices we could map
+      for (Device* x : *list) munmap(x->mem.base, x->mem.capacity == 0 ? 4096 : x->mem.capacity);
+      list->clear();  // (their default streams have no worker yet)
+      g_config_error = "cannot reserve " + std::to_string(capacity) + " bytes of address space for vnpu:" +
+                       std::to_string(index) + " (VNPU_MEMORY_PER_DEVICE); lower it or VNPU_DEVICE_COUNT";
+      break;
     }
     d->mem.base = static_cast<char*>(base);
     if (capacity > 0) d->mem.free_[0] = capacity;
@@ -100,23 +140,6 @@ bool valid_device(int device) {
   return device >= 0 && device < static_cast<int>(devices().size());
 }
 
-size_t parse_bytes(const char* text, size_t fallback) {
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  if (end == text || v < 0) return fallback;
-  size_t mult = 1;
-  switch (*end) {
-    case 'k': case 'K': mult = size_t(1) << 10; break;
-    case 'm': case 'M': mult = size_t(1) << 20; break;
-    case 'g': case 'G': mult = size_t(1) << 30; break;
-    case 't': case 'T': mult = size_t(1) << 40; break;
-    case '\0': break;
-    default: return fallback;
-  }
-  return static_cast<size_t>(v * static_cast<double>(mult));
-}
-
 }  // namespace vnpu::rt
 
 using namespace vnpu::rt;
@@ -126,7 +149,12 @@ int vnpuIsInBadFork() { return g_bad_fork.load() ? 1 : 0; }
 vnpuError_t vnpuGetDeviceCount(int* count) {
   if (count == nullptr) return vnpuErrorInvalidValue;
   *count = static_cast<int>(devices().size());
-  return vnpuSuccess;
+  return g_config_error.empty() ? vnpuSuccess : vnpuErrorInvalidConfiguration;
+}
+
+const char* vnpuGetConfigurationErrorString() {
+  devices();
+  return g_config_error.c_str();
 }
 
 vnpuError_t vnpuSetDevice(int device) {

@@ -100,7 +100,6 @@ vnpuError_t take_device_error(int device);
 vnpuError_t peek_device_error(int device);
 bool valid_device(int device);
 vnpuStream_st* resolve(vnpuStream_t s);  // null -> default stream of current device
-size_t parse_bytes(const char* text, size_t fallback);
 bool is_pinned(const void* p);
 // Device that owns [p, p+n), or -1 if that range is not inside one allocation region.
 int device_of(const void* p);

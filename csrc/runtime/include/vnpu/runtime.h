@@ -51,6 +51,7 @@ enum vnpuError_t : int {
   vnpuErrorInvalidResourceHandle = 5,
   vnpuErrorLaunchFailure = 6,       // a kernel failed on the device
   vnpuErrorForkedAfterInit = 7,     // runtime used in a child forked after init
+  vnpuErrorInvalidConfiguration = 8,  // bad VNPU_* environment variable: no devices
 };
 
 enum vnpuMemcpyKind : int {
@@ -96,7 +97,11 @@ vnpuError_t vnpuPeekAtLastError();
 const char* vnpuGetLastErrorString();
 
 // Devices. vnpuGetDeviceCount reports 0 devices rather than failing.
+// Fails with vnpuErrorInvalidConfiguration (count = 0) when VNPU_DEVICE_COUNT or
+// VNPU_MEMORY_PER_DEVICE cannot be parsed or the memory cannot be reserved;
+// vnpuGetConfigurationErrorString() then says which and why.
 vnpuError_t vnpuGetDeviceCount(int* count);
+const char* vnpuGetConfigurationErrorString();  // "" when the configuration is valid
 vnpuError_t vnpuSetDevice(int device);
 vnpuError_t vnpuGetDevice(int* device);
 vnpuError_t vnpuGetDeviceProperties(vnpuDeviceProp* prop, int device);
