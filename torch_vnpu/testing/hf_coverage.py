@@ -107,7 +107,7 @@ _SET = {
     # misc. families
     "hidden_size_global": HIDDEN, "encoder_hash_byte_group_vocab": 256, "pronunciation_vocab_size": 64,
     "shape_vocab_size": 64, "num_kv_shared_layers": 0,
-    "rotary_dim": 8,  # gptj / codegen: partial rotary over the first rotary_dim of head_dim
+    "rotary_dim": 8, "embedding_dim": HIDDEN,  # gptj / codegen: partial rotary over the first rotary_dim of head_dim
 }
 # keys whose default None means "derive from other sizes": given the shrunk value where the model reads them raw
 _SET_IF_NONE = {"head_dim": HEAD_DIM, "num_key_value_heads": HEADS}
@@ -248,13 +248,23 @@ FAMILY_OVERRIDES = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
     # mamba2: expand * hidden_size == num_heads * head_dim
     "mamba2": {"num_heads": 8, "head_dim": 16},
+    # reformer: local attention only (LSH attention hashes with random rotations drawn on the model's device,
+    # and vnpu's random numbers are not CPU's); no dropout, since its backward runs in train mode only
     "reformer": {"is_decoder": True, "axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32],
                  "lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4, "num_buckets": 4,
-                 "attn_layers": ["local", "lsh"], "num_hidden_layers": 2},
+                 "attn_layers": ["local", "local"], "num_hidden_layers": 2, "hidden_dropout_prob": 0.0,
+                 "local_attention_probs_dropout_prob": 0.0, "lsh_attention_probs_dropout_prob": 0.0,
+                 "axial_pos_embds": False},
     # zamba ties the shared transformer of its hybrid layers: keep two of them
-    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"]},
+    # zamba/zamba2: the shared attention block sees [hidden, embeddings] (twice the hidden size)
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"],
+              "attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // HEADS},
+    "zamba2": {"attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // HEADS},
 }
 FAMILY_OVERRIDES["qwen4_exp_text"] = FAMILY_OVERRIDES["qwen4_exp"]
+
+# Families whose backward pass refuses eval mode (their configs above set every dropout to 0)
+TRAIN_MODE_BACKWARD = {"reformer"}
 
 # Families this sweep cannot run standalone, with the reason (reported as ``harness``).
 NOT_STANDALONE = {
@@ -372,10 +382,13 @@ def _forward_backward(model, ids, w):
     import torch
 
     model.zero_grad(set_to_none=True)
+    if getattr(model, "_hf_cov_train_backward", False):
+        model.train()
     logits = _logits(model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False))
     loss = (logits.float() * w).sum()
     loss.backward()
     grads = {n: (None if p.grad is None else p.grad.detach().cpu()) for n, p in model.named_parameters()}
+    model.eval()
     return logits.detach().cpu(), grads
 
 
@@ -485,6 +498,9 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None)
         torch.manual_seed(SEED)
         model = cls(cfg).float().eval()
         res["params"] = sum(p.numel() for p in model.parameters())
+        model._hf_cov_train_backward = model_type in TRAIN_MODE_BACKWARD
+        if hasattr(model, "set_default_language") and getattr(cfg, "languages", None):
+            model.set_default_language(cfg.languages[0])  # xmod: language adapters need one
         model_v = copy.deepcopy(model)  # same parameters and buffers (incl. non-persistent ones)
     except Exception as e:  # noqa: BLE001
         dep = _missing_dep(e)
@@ -687,6 +703,8 @@ def write_markdown(res, path, command=None):
         L.append(f"- command: `{command}`")
     if m.get("updated"):
         L.append(f"- architectures rerun and merged (`--update`) {m['updated']}")
+    for h in m.get("history") or []:
+        L.append(f"- {h}")
     L.append("")
     L.append(f"## Headline: **{counts['pass']} / {runnable}** architectures that run on CPU pass on vnpu "
              f"({len(archs)} in the mapping)\n")
@@ -801,8 +819,9 @@ def main(argv=None):
             res["meta"]["updated"] = res["meta"]["started"]
             res["meta"]["started"] = old["meta"]["started"]
             res["meta"]["duration_s"] = old["meta"]["duration_s"] + res["meta"]["duration_s"]
-            res["meta"]["command"] = old["meta"].get("command", res["meta"]["command"]) + " (then: " + \
-                res["meta"]["command"] + ")"
+            if old["meta"].get("command"):
+                res["meta"]["command"] = old["meta"]["command"] + " (then: " + res["meta"]["command"] + ")"
+            res["meta"]["history"] = old["meta"].get("history", [])
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
