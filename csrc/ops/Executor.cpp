@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace at::vnpu {
 namespace {
@@ -142,6 +143,8 @@ struct MetaCache {
   // kernel synchronously once and compare; for mismatching ones every new
   // metadata key runs synchronously once and the CPU's metadata is cached.
   std::unordered_map<std::vector<int64_t>, int8_t, KeyHash> signatures;
+  // Note [Overlap errors]: aliasing patterns whose stand-in run raised nothing.
+  std::unordered_set<std::vector<int64_t>, KeyHash> overlap_ok;
 };
 
 constexpr size_t kMetaCacheLimit = 4096;  // entries per op; cleared when full
@@ -322,32 +325,49 @@ IValue to_meta(const IValue& v) {
 // kernel runs, so such calls first run CPU's kernel on stand-in CPU tensors
 // that share storage exactly as the arguments do, and raise its overlap
 // error at the call. Only calls with such aliasing pay for it.
-std::vector<std::pair<size_t, const Tensor*>> vnpu_tensors_of(ArrayRef<IValue> args) {
-  std::vector<std::pair<size_t, const Tensor*>> ts;
-  auto add = [&](const Tensor& t, size_t i) {
-    if (t.defined() && t.device().type() == kVNPU) ts.emplace_back(i, &t);
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    const IValue& a = args[i];
-    if (a.isTensor()) add(a.toTensor(), i);
-    else if (a.isTensorList()) for (const auto& t : a.toTensorList()) add(t, i);
-    else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor(), i);
-  }
-  return ts;
-}
-
-bool mutable_arg_overlaps(const OpInfo& info, ArrayRef<IValue> args) {
+// True if a mutable argument overlaps itself (stride 0) or shares its
+// storage with another argument; then `pattern` receives the metadata the
+// overlap checks depend on (per vnpu tensor: argument, storage group, offset,
+// sizes, strides), so a pattern found harmless is not run again.
+bool mutable_arg_overlaps(const OpInfo& info, ArrayRef<IValue> args, std::vector<int64_t>& pattern) {
   if (!info.any_mutable) return false;
-  auto ts = vnpu_tensors_of(args);
-  std::unordered_map<const c10::StorageImpl*, int> uses;  // foreach ops pass hundreds of tensors
-  uses.reserve(ts.size());
-  for (const auto& it : ts) ++uses[it.second->storage().unsafeGetStorageImpl()];
-  for (const auto& [i, t] : ts) {
-    if (!info.mutable_arg[i]) continue;
-    if (at::has_internal_overlap(*t) == at::MemOverlap::Yes) return true;
-    if (uses[t->storage().unsafeGetStorageImpl()] > 1) return true;
-  }
-  return false;
+  // (argument index, storage) of every vnpu tensor; Tensor lists hand out
+  // temporaries, so nothing here keeps a pointer to a Tensor.
+  std::vector<std::pair<size_t, const c10::StorageImpl*>> uses_of;
+  bool internal_overlap = false;
+  auto add = [&](const Tensor& t, size_t i) {
+    if (!t.defined() || t.device().type() != kVNPU) return;
+    uses_of.emplace_back(i, t.storage().unsafeGetStorageImpl());
+    if (info.mutable_arg[i] && at::has_internal_overlap(t) == at::MemOverlap::Yes) internal_overlap = true;
+  };
+  auto for_each_tensor = [&](auto&& fn) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const IValue& a = args[i];
+      if (a.isTensor()) fn(a.toTensor(), i);
+      else if (a.isTensorList()) for (const Tensor t : a.toTensorList()) fn(t, i);
+      else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) fn(e.toTensor(), i);
+    }
+  };
+  for_each_tensor(add);
+  std::unordered_map<const c10::StorageImpl*, int> count;  // foreach ops pass hundreds of tensors
+  count.reserve(uses_of.size());
+  for (const auto& u : uses_of) ++count[u.second];
+  bool shared = internal_overlap;
+  for (const auto& [i, st] : uses_of) shared |= info.mutable_arg[i] && count[st] > 1;
+  if (!shared) return false;
+  std::unordered_map<const c10::StorageImpl*, int64_t> group;
+  pattern.clear();
+  for_each_tensor([&](const Tensor& t, size_t i) {
+    if (!t.defined() || t.device().type() != kVNPU) return;
+    pattern.push_back(static_cast<int64_t>(i));
+    pattern.push_back(group.emplace(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(group.size())).first->second);
+    pattern.push_back(static_cast<int64_t>(t.scalar_type()));
+    pattern.push_back(t.storage_offset());
+    pattern.push_back(t.dim());
+    for (auto v : t.sizes()) pattern.push_back(v);
+    for (auto v : t.strides()) pattern.push_back(v);
+  });
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -739,7 +759,12 @@ std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const Op
 
 // See Note [Overlap errors].
 void raise_overlap_errors_like_cpu(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
-  if (!mutable_arg_overlaps(info, args)) return;
+  thread_local std::vector<int64_t> pattern;
+  if (!mutable_arg_overlaps(info, args, pattern)) return;
+  {
+    std::lock_guard<std::mutex> g(info.meta_cache->mu);
+    if (info.meta_cache->overlap_ok.count(pattern)) return;  // e.g. x.mul_(y) as mul.out(x, y, out=x)
+  }
   Stack s = standin_stack(op, args);
   try {
     op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
@@ -748,6 +773,9 @@ void raise_overlap_errors_like_cpu(const c10::OperatorHandle& op, const OpInfo& 
   } catch (const std::exception&) {
     // other failures of the stand-in run say nothing about the real inputs
   }
+  std::lock_guard<std::mutex> g(info.meta_cache->mu);
+  if (info.meta_cache->overlap_ok.size() >= kMetaCacheLimit) info.meta_cache->overlap_ok.clear();
+  info.meta_cache->overlap_ok.insert(pattern);
 }
 
 bool same_result(const MetaResult& a, const MetaResult& b) {
