@@ -39,7 +39,7 @@ test-runtime: deps
 	$(VENV)/bin/ctest --test-dir build/runtime-tests --output-on-failure
 
 test-python: install
-	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib --ignore=test_opinfo_slice.py .
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib .
 
 test: test-runtime test-python
 
@@ -47,13 +47,14 @@ bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
 
-# Operator coverage (issue #3): the wide CI-style slice, and the full OpInfo sweep with its report.
+# Operator coverage (issue #3): the CI slice alone (also part of `make test`), and the full OpInfo sweep
+# (every sample and reference input; ~60 min on 2 cores) with its report.
 opinfo-slice: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib test_opinfo_slice.py
 
 opinfo: install
-	mkdir -p $(OUT) && cd $(OUT) && ../$(PY) ../scripts/opinfo_parity.py --jobs 2 --limit-samples 4 \
-	  --json opinfo.json --markdown ../docs/ops_coverage.md
+	mkdir -p $(OUT) && cd $(OUT) && ../$(PY) ../scripts/opinfo_parity.py --jobs 2 \
+	  --json opinfo.json --markdown ../docs/ops_coverage.md --known-failures-out ../tests/opinfo_known_failures.txt
 
 # Hugging Face causal-LM architecture sweep (issue #4): every model_type of transformers' causal-LM mapping
 # as a tiny random-weight model, vnpu vs CPU (forward, gradients, greedy generate); offline, no downloads.

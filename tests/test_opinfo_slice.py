@@ -6,8 +6,9 @@
 
 Every failing (op, dtype, kind) case must be listed in tests/opinfo_known_failures.txt (one line per case,
 with the reason), so a new regression fails CI. The list is written by the full sweep
-(`scripts/opinfo_parity.py --jobs 2 --limit-samples 4 --known-failures-out tests/opinfo_known_failures.txt`),
-which runs more samples than this slice. Runs in two spawned workers (crash/hang-guarded), ~2 min on 2 cores.
+(`make opinfo`: `scripts/opinfo_parity.py --jobs 2 --known-failures-out tests/opinfo_known_failures.txt`),
+which runs more samples than this slice. Runs in two spawned workers (crash/hang-guarded), ~2 min on 2 cores;
+part of the default `make test`.
 """
 import os
 import sys
