@@ -85,7 +85,8 @@ def test_narrow_copy_error_type_like_cpu():
         _v(x).narrow_copy(3, 0, 1)
 
 
-@pytest.mark.parametrize("case", ["cat_into_input", "index_select_expanded_out", "masked_select_into_input"])
+@pytest.mark.parametrize("case", ["cat_into_input", "index_select_expanded_out", "masked_select_into_input",
+                                  "copy_shifted_self", "copy_into_expanded"])
 def test_overlap_errors_raise_at_the_call(case):
     def run(dev):
         if case == "cat_into_input":
@@ -94,9 +95,15 @@ def test_overlap_errors_raise_at_the_call(case):
         elif case == "index_select_expanded_out":
             a, out = torch.randn(4, 6, device=dev), torch.empty(1, 6, device=dev).expand(2, 6)
             torch.index_select(a, 0, torch.tensor([0, 1], device=dev), out=out)
-        else:
+        elif case == "masked_select_into_input":
             a = torch.randn(6, device=dev)
             torch.masked_select(a, a > 0, out=a)
+        elif case == "copy_shifted_self":
+            x = torch.arange(8.0, device=dev)
+            x[1:].copy_(x[:-1])
+        else:
+            x = torch.arange(8.0, device=dev)
+            x[:1].expand(3).copy_(torch.ones(3))
 
     with pytest.raises(RuntimeError, match="unsupported operation") as cpu_err:
         run("cpu")

@@ -80,3 +80,22 @@ def test_lstm_runs_without_host_sync():
     torch.vnpu.synchronize()
     assert "aten::_thnn_fused_lstm_cell" not in torch.vnpu.get_fallback_ops()
     assert not torch.vnpu.get_fallback_ops(), torch.vnpu.get_fallback_ops()
+
+
+@pytest.mark.parametrize("call", [
+    lambda v: torch.ops.aten._thnn_fused_lstm_cell(torch.randn(2, 6, device=v), torch.randn(2, 6, device=v),
+                                                   torch.randn(2, 2, device=v)),
+    lambda v: torch.ops.aten._thnn_fused_lstm_cell(torch.randn(1, 8, device=v), torch.randn(2, 8, device=v),
+                                                   torch.randn(2, 2, device=v)),
+    lambda v: torch.ops.aten._thnn_fused_lstm_cell(torch.randn(2, 8, device=v), torch.randn(2, 8, device=v),
+                                                   torch.randn(2, 2, device=v, dtype=torch.float64)),
+    lambda v: torch.ops.aten._thnn_fused_gru_cell(torch.randn(2, 4, device=v), torch.randn(2, 4, device=v),
+                                                  torch.randn(2, 1, device=v)),
+    lambda v: torch.ops.aten._thnn_fused_gru_cell_backward(torch.randn(2, 2, device=v), torch.randn(2, 8, device=v),
+                                                           True),
+])
+def test_fused_cells_check_their_arguments(call):
+    # CUDA's kernels check sizes and dtypes (RNN.cu checkSizes); so does vnpu, with a RuntimeError, not a crash.
+    with pytest.raises(RuntimeError):
+        call("vnpu")
+    assert torch.ones(3, device="vnpu").sum().item() == 3.0

@@ -5,6 +5,7 @@
 #include "../core/VNPUException.h"
 #include "../core/VNPUStream.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/empty.h>
@@ -124,6 +125,12 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   const bool src_dev = src.device().type() == DeviceType::PrivateUse1;
   TORCH_CHECK(dst_dev || dst.is_cpu(), "copy_ from vnpu to ", dst.device(), " is not supported; copy to cpu first");
   TORCH_CHECK(src_dev || src.is_cpu(), "copy_ from ", src.device(), " to vnpu is not supported; copy to cpu first");
+  if (dst.is_same(src)) return dst;
+  if (dst_dev) {
+    // CPU's overlap errors, at the call (metadata only: no device memory is read).
+    at::assert_no_internal_overlap(dst);
+    if (src_dev) at::assert_no_partial_overlap(dst, src);
+  }
   Tensor s = src.expand_as(dst);  // broadcasting rules and errors of copy_
   if (dst_dev && src_dev) device_to_device(dst, s);
   else if (dst_dev) host_to_device(dst, s, non_blocking);

@@ -20,11 +20,43 @@ namespace {
 
 bool has(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
+// The checks of CUDA's kernels (RNN.cu checkSizes): 2-D gates of width
+// `gates` x hidden size, one batch size, one dtype, 1-D biases of the gates' width.
+void check_cell(const char* op, const Tensor& input_gates, const Tensor& hidden_gates, const Tensor& state,
+                const std::optional<Tensor>& input_bias, const std::optional<Tensor>& hidden_bias, int64_t gates) {
+  TORCH_CHECK(input_gates.dim() == 2 && hidden_gates.dim() == 2 && state.dim() == 2, op,
+              ": expected 2-D input_gates, hidden_gates and state, got ", input_gates.sizes(), ", ",
+              hidden_gates.sizes(), ", ", state.sizes());
+  TORCH_CHECK(input_gates.sizes() == hidden_gates.sizes(), op, ": input_gates ", input_gates.sizes(),
+              " and hidden_gates ", hidden_gates.sizes(), " must have the same size");
+  TORCH_CHECK(input_gates.size(0) == state.size(0) && input_gates.size(1) == gates * state.size(1), op,
+              ": gates of size ", input_gates.sizes(), " do not match a state of size ", state.sizes(),
+              " (expected [batch, ", gates, " * hidden])");
+  TORCH_CHECK(hidden_gates.scalar_type() == input_gates.scalar_type() && state.scalar_type() == input_gates.scalar_type(),
+              op, ": expected all inputs to have dtype ", input_gates.scalar_type());
+  for (const auto* b : {&input_bias, &hidden_bias}) {
+    if (!has(*b)) continue;
+    TORCH_CHECK((*b)->dim() == 1 && (*b)->size(0) == input_gates.size(1), op, ": expected a bias of size [",
+                input_gates.size(1), "], got ", (*b)->sizes());
+    TORCH_CHECK((*b)->scalar_type() == input_gates.scalar_type(), op, ": expected the bias to have dtype ",
+                input_gates.scalar_type());
+  }
+  TORCH_CHECK(has(input_bias) == has(hidden_bias), op, ": expected both biases or none");
+}
+
+void check_workspace(const char* op, const Tensor& workspace, const Tensor& like, int64_t parts) {
+  TORCH_CHECK(workspace.dim() == 2 && like.dim() == 2 && workspace.size(0) == like.size(0) &&
+                  workspace.size(1) == parts * like.size(1),
+              op, ": workspace of size ", workspace.sizes(), " does not match [batch, ", parts,
+              " * hidden] for ", like.sizes());
+}
+
 // gates: (N, 4H) pre-activation sums; returns hy, cy (N, H) and the workspace
 // (N, 4H): the activated input, forget, cell and output gates.
 std::tuple<Tensor, Tensor, Tensor> fused_lstm_cell(const Tensor& input_gates, const Tensor& hidden_gates,
                                                    const Tensor& cx, const std::optional<Tensor>& input_bias,
                                                    const std::optional<Tensor>& hidden_bias) {
+  check_cell("_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, input_bias, hidden_bias, 4);
   Tensor gates = input_gates + hidden_gates;
   if (has(input_bias)) gates = gates + *input_bias;
   if (has(hidden_bias)) gates = gates + *hidden_bias;
@@ -42,6 +74,13 @@ std::tuple<Tensor, Tensor, Tensor> fused_lstm_cell_backward_impl(const std::opti
                                                                  const Tensor& cx, const Tensor& cy,
                                                                  const Tensor& workspace, bool has_bias) {
   if (!has(grad_hy) && !has(grad_cy)) return {Tensor(), Tensor(), Tensor()};
+  TORCH_CHECK(cx.sizes() == cy.sizes(), "_thnn_fused_lstm_cell_backward: cx ", cx.sizes(), " and cy ", cy.sizes(),
+              " must have the same size");
+  for (const auto* g : {&grad_hy, &grad_cy}) {
+    TORCH_CHECK(!has(*g) || (*g)->sizes() == cy.sizes(), "_thnn_fused_lstm_cell_backward: gradient of size ",
+                (*g)->sizes(), " does not match ", cy.sizes());
+  }
+  check_workspace("_thnn_fused_lstm_cell_backward", workspace, cy, 4);
   auto w = workspace.chunk(4, 1);
   const Tensor &ig = w[0], &fg = w[1], &cg = w[2], &og = w[3];
   Tensor tanh_cy = cy.tanh();
@@ -70,6 +109,7 @@ std::tuple<Tensor, Tensor, Tensor> fused_lstm_cell_backward_impl(const std::opti
 std::tuple<Tensor, Tensor> fused_gru_cell(const Tensor& input_gates, const Tensor& hidden_gates, const Tensor& hx,
                                           const std::optional<Tensor>& input_bias,
                                           const std::optional<Tensor>& hidden_bias) {
+  check_cell("_thnn_fused_gru_cell", input_gates, hidden_gates, hx, input_bias, hidden_bias, 3);
   Tensor ig = has(input_bias) ? input_gates + *input_bias : input_gates;
   Tensor hg = has(hidden_bias) ? hidden_gates + *hidden_bias : hidden_gates;
   auto i = ig.chunk(3, 1);
@@ -85,6 +125,7 @@ std::tuple<Tensor, Tensor> fused_gru_cell(const Tensor& input_gates, const Tenso
 // two biases (3H, only if has_bias).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(const Tensor& grad_hy,
                                                                            const Tensor& workspace, bool has_bias) {
+  check_workspace("_thnn_fused_gru_cell_backward", workspace, grad_hy, 5);
   auto w = workspace.chunk(5, 1);
   const Tensor &r = w[0], &z = w[1], &n = w[2], &hx = w[3], &hn = w[4];
   Tensor g_z = grad_hy * (hx - n) * (1 - z) * z;

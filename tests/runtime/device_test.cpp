@@ -120,6 +120,10 @@ TEST(DeviceEnvTest, InvalidConfigurationMeansNoDevicesAndSaysWhy) {
   EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_DEVICE_COUNT=2x", "VNPU_TEST_EXPECT_TEXT=VNPU_DEVICE_COUNT=2x"}), 0);
   EXPECT_EQ(RunScenario("InvalidConfiguration",
                         {"VNPU_MEMORY_PER_DEVICE=8Q", "VNPU_TEST_EXPECT_TEXT=VNPU_MEMORY_PER_DEVICE=8Q"}), 0);
+  for (const char* bad : {"VNPU_MEMORY_PER_DEVICE=99999999999G", "VNPU_MEMORY_PER_DEVICE=infG",
+                          "VNPU_MEMORY_PER_DEVICE=0x10", "VNPU_MEMORY_PER_DEVICE=0.5"}) {
+    EXPECT_EQ(RunScenario("InvalidConfiguration", {bad, "VNPU_TEST_EXPECT_TEXT=VNPU_MEMORY_PER_DEVICE="}), 0) << bad;
+  }
   EXPECT_EQ(RunScenario("InvalidConfiguration", {"VNPU_MEMORY_PER_DEVICE=100T", "VNPU_DEVICE_COUNT=64",
                                                  "VNPU_TEST_EXPECT_TEXT=cannot reserve"}), 0);
 }

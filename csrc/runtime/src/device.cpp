@@ -18,22 +18,29 @@ constexpr int kMaxDevices = 64;
 constexpr size_t kDefaultCapacity = size_t(8) << 30;
 std::string g_config_error;  // written once, before g_initialized is set
 
-// Parses "8G", "512M", "1.5g", "1073741824"; false on anything else.
+// Parses "8G", "512M", "1.5g", "64MB", "1073741824" (decimal digits with an
+// optional fraction, then an optional K/M/G/T and B); false on anything else,
+// including sizes that do not fit in 63 bits or round to 0 bytes from a
+// nonzero number.
 bool parse_bytes_strict(const char* text, size_t* out) {
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  if (end == text || !(v >= 0)) return false;
-  size_t mult = 1;
-  switch (*end) {
-    case 'k': case 'K': mult = size_t(1) << 10; ++end; break;
-    case 'm': case 'M': mult = size_t(1) << 20; ++end; break;
-    case 'g': case 'G': mult = size_t(1) << 30; ++end; break;
-    case 't': case 'T': mult = size_t(1) << 40; ++end; break;
+  const char* p = text;
+  int digits = 0, dots = 0;
+  for (; (*p >= '0' && *p <= '9') || *p == '.'; ++p) (*p == '.' ? dots : digits) += 1;
+  if (digits == 0 || dots > 1) return false;
+  const double v = std::strtod(std::string(text, p).c_str(), nullptr);
+  double mult = 1;
+  switch (*p) {
+    case 'k': case 'K': mult = 0x1p10; ++p; break;
+    case 'm': case 'M': mult = 0x1p20; ++p; break;
+    case 'g': case 'G': mult = 0x1p30; ++p; break;
+    case 't': case 'T': mult = 0x1p40; ++p; break;
     default: break;
   }
-  if (*end == 'B' || *end == 'b') ++end;
-  if (*end != '\0') return false;
-  *out = static_cast<size_t>(v * static_cast<double>(mult));
+  if (*p == 'B' || *p == 'b') ++p;
+  if (*p != '\0') return false;
+  const double bytes = v * mult;
+  if (!(bytes < 0x1p63) || (v > 0 && bytes < 1)) return false;
+  *out = static_cast<size_t>(bytes);
   return true;
 }
 

@@ -146,7 +146,7 @@ vnpuError_t vnpuStreamDestroy(vnpuStream_t stream) {
   stream->wait_idle();
   {
     std::lock_guard<std::mutex> lk(stream->mu);
-    if (stream->worker_started) stream->queue.push_back({"", nullptr});
+    if (stream->worker_started) stream->queue.push_back({"", nullptr, nullptr});
   }
   stream->cv_work.notify_one();
   return vnpuSuccess;
