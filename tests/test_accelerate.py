@@ -14,15 +14,6 @@ from accelerate.state import AcceleratorState  # noqa: E402
 import torch_vnpu.integrations.huggingface as hf_vnpu  # noqa: E402
 
 
-@pytest.fixture
-def adapter():
-    """The adapter enabled, with accelerate's process-wide state reset before and after."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    with hf_vnpu.enabled():
-        yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def test_device_selection_follows_adapter_and_cpu_flag(monkeypatch):
     monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)  # accelerate's own override would win
     AcceleratorState._reset_state(reset_partial_state=True)

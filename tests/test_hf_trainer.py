@@ -18,14 +18,6 @@ import torch_vnpu.integrations.huggingface as hf_vnpu  # noqa: E402
 RTOL = 1e-5
 
 
-@pytest.fixture
-def adapter():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    with hf_vnpu.enabled():
-        yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def _tiny_llama(vocab_size: int) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
