@@ -122,3 +122,21 @@ def test_in_place_on_itself_still_allowed():
     _same(v.mul_(v), x * x)
     x = x * x
     _same(v.add_(v), x + x)
+
+
+@pytest.mark.parametrize("reduction", [1, 2])  # mean, sum
+@pytest.mark.parametrize("op", ["mse_loss", "smooth_l1_loss", "binary_cross_entropy"])
+def test_explicit_out_kernels_that_use_out_as_scratch(op, reduction):
+    # These out= kernels resize `out` to the input's shape as scratch before reducing into it
+    # (Note [Scratch outputs]); device memory cannot grow under a CPU alias, so vnpu reruns on a host copy.
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(4, 5, generator=g), torch.rand(4, 5, generator=g)
+    fn = getattr(torch._C._nn, op)
+    extra = (None, reduction) if op == "binary_cross_entropy" else (reduction,) + ((1.0,) if op == "smooth_l1_loss" else ())
+    ref_out = torch.empty(())
+    with pytest.warns(UserWarning, match="resized"):  # CPU warns about the scratch resize as well
+        fn(x, y, *extra, out=ref_out)
+    out = torch.empty((), device=DEV)
+    fn(_v(x), _v(y), *extra, out=out)
+    _same(out, ref_out)
+    _same(out + 1, ref_out + 1)  # the device stays usable, the value is on the device

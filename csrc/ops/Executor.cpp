@@ -456,7 +456,39 @@ struct Plan {
   std::vector<Slot> args;
   std::vector<Slot> outs;       // appended as out= args, or copy targets
   std::atomic<bool>* out_unusable = nullptr;  // OpInfo flag set when out= cannot be used
+  const std::vector<bool>* mutable_arg = nullptr;  // OpInfo's, per argument of `op`
 };
+
+bool is_not_resizable_error(const c10::Error& e) {
+  return std::string_view(e.what_without_backtrace()).find("not resizable") != std::string_view::npos;
+}
+
+// Note [Scratch outputs]
+// Some out= kernels use their output as scratch of another shape before
+// writing the final result (e.g. mse_loss.out with a reduction resizes `out`
+// to the input's shape, then reduces into it). Device memory cannot grow
+// under a CPU alias, so such a call reruns with resizable host copies of its
+// mutable arguments and copies the final values into the planned layout.
+// The failed attempt stopped at the resize, before writing anything.
+void run_with_scratch_outputs(const Plan& p, AliasContext& ctx, Stack& s) {
+  s.clear();
+  std::vector<std::pair<Tensor, Tensor>> write_back;  // (alias of device memory, scratch)
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    IValue v = materialize(p.args[i], ctx);
+    if ((*p.mutable_arg)[i] && v.isTensor() && v.toTensor().defined()) {
+      Tensor scratch = v.toTensor().clone(at::MemoryFormat::Preserve);
+      write_back.emplace_back(v.toTensor(), scratch);
+      v = scratch;
+    }
+    s.push_back(std::move(v));
+  }
+  p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  for (auto& [alias, scratch] : write_back) {
+    TORCH_CHECK(alias.sizes().equals(scratch.sizes()), "vnpu: the kernel resized an argument from ", alias.sizes(),
+                " to ", scratch.sizes(), ", unlike its Meta kernel");
+    alias.copy_(scratch);
+  }
+}
 
 void prepare_worker_thread() {
   thread_local bool ready = false;
@@ -503,13 +535,18 @@ void run_plan(const Plan& p) {
       // Some out= kernels use their output as scratch of another shape (e.g.
       // binary_cross_entropy.out); device memory cannot grow under them. Use
       // the functional kernel for this op from now on.
-      if (std::string(e.what_without_backtrace()).find("not resizable") == std::string::npos) throw;
+      if (!is_not_resizable_error(e)) throw;
       p.out_unusable->store(true);
     }
     s.clear();
     for (const auto& a : p.args) s.push_back(materialize(a, ctx));
   }
-  p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  try {
+    p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  } catch (const c10::Error& e) {
+    if (!is_not_resizable_error(e) || !p.outs.empty()) throw;
+    run_with_scratch_outputs(p, ctx, s);  // an explicit out= call (p.op is the out= overload)
+  }
   for (size_t i = 0; i < p.outs.size(); ++i) {
     IValue dst = materialize(p.outs[i], ctx);
     if (dst.isNone()) continue;
@@ -860,6 +897,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
 
   auto plan = std::make_shared<Plan>(op);
   plan->out_unusable = &info.out_unusable;
+  plan->mutable_arg = &info.mutable_arg;
   const int64_t numel = max_numel(args);
   plan->args.reserve(n);
   for (size_t i = 0; i < n; ++i) plan->args.push_back(make_slot(args[i], schema.arguments()[i], dev, numel));
