@@ -2,6 +2,7 @@
 
 #include "CpuAlias.h"
 #include "Executor.h"
+#include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUStream.h"
 
@@ -135,6 +136,7 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   if (dst_dev && src_dev) device_to_device(dst, s);
   else if (dst_dev) host_to_device(dst, s, non_blocking);
   else device_to_host(dst, s, non_blocking);
+  flush_worker_warnings();  // Note [Worker warnings]
   return dst;
 }
 
@@ -148,6 +150,7 @@ Scalar local_scalar_dense(const Tensor& self) {
   if (one.is_conj() || one.is_neg()) one = one.resolve_conj().resolve_neg();
   VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), one.data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
                              stream.stream()));
+  flush_worker_warnings();
   return at::_local_scalar_dense(host);
 }
 

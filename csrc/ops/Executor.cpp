@@ -3,6 +3,7 @@
 #include "CpuAlias.h"
 #include "HostOpenMP.h"
 #include "OpStats.h"
+#include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUGeneratorImpl.h"
@@ -494,6 +495,7 @@ void prepare_worker_thread() {
   thread_local bool ready = false;
   if (!ready) {
     at::init_num_threads();
+    capture_warnings_on_this_thread();  // Note [Worker warnings]
     ready = true;
   }
 }
@@ -527,26 +529,39 @@ void run_plan(const Plan& p) {
   if (p.out_op) {
     for (const auto& o : p.outs) s.push_back(materialize(o, ctx));
     std::vector<IValue> outs(s.end() - p.outs.size(), s.end());
+    std::optional<AttemptWarnings> attempt(std::in_place);  // e.g. "output was resized" before a failed resize
     try {
       p.out_op->redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+      attempt->commit();
       restore_planned_layouts(p, outs, ctx);
       return;
     } catch (const c10::Error& e) {
       // Some out= kernels use their output as scratch of another shape (e.g.
       // binary_cross_entropy.out); device memory cannot grow under them. Use
       // the functional kernel for this op from now on.
-      if (!is_not_resizable_error(e)) throw;
+      if (!is_not_resizable_error(e)) {
+        attempt->commit();
+        throw;
+      }
       p.out_unusable->store(true);
     }
+    attempt.reset();
     s.clear();
     for (const auto& a : p.args) s.push_back(materialize(a, ctx));
   }
+  std::optional<AttemptWarnings> attempt(std::in_place);
   try {
     p.op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+    attempt->commit();
   } catch (const c10::Error& e) {
-    if (!is_not_resizable_error(e) || !p.outs.empty()) throw;
+    if (!is_not_resizable_error(e) || !p.outs.empty()) {
+      attempt->commit();
+      throw;
+    }
+    attempt.reset();
     run_with_scratch_outputs(p, ctx, s);  // an explicit out= call (p.op is the out= overload)
   }
+  attempt.reset();
   for (size_t i = 0; i < p.outs.size(); ++i) {
     IValue dst = materialize(p.outs[i], ctx);
     if (dst.isNone()) continue;
@@ -1104,6 +1119,7 @@ void move_cpu_indices(const c10::OperatorHandle& op, Stack* stack) {
 }
 
 void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  flush_worker_warnings();  // Note [Worker warnings]
   OpInfo& info = op_info(op);
   const size_t n = op.schema().arguments().size();
   move_cpu_indices(op, stack);

@@ -9,6 +9,7 @@
 #include "../ops/Executor.h"
 #include "../ops/HostOpenMP.h"
 #include "../ops/OpStats.h"
+#include "../ops/WorkerWarnings.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -165,6 +166,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // Op tracking.
+  m.def("_take_worker_warnings", &at::vnpu::take_worker_warnings);
   m.def("_executed_ops", &at::vnpu::executed_ops);
   m.def("_fallback_ops", &at::vnpu::fallback_ops);
   m.def("_extra_copy_ops", &at::vnpu::extra_copy_ops);

@@ -10,6 +10,7 @@ per device: ``VNPU_MEMORY_PER_DEVICE`` (bytes, K/M/G suffixes; default 8G).
 
 import atexit
 import threading
+import warnings
 from typing import Any, NamedTuple, Optional, Union
 
 import torch
@@ -155,9 +156,16 @@ class device_of(device):
 
 
 def synchronize(device: _device_t = None) -> None:
-    """Waits for all work on ``device``; raises RuntimeError for a kernel that failed asynchronously."""
+    """Waits for all work on ``device`` (as ``torch.cuda.synchronize``).
+
+    Raises ``torch.AcceleratorError`` (a RuntimeError) for a kernel that failed asynchronously. Warnings
+    that kernels raised while running on the device are issued here as Python warnings (or at the next
+    vnpu op / copy to the host, whichever comes first), so ``warnings`` filters apply to them.
+    """
     _lazy_init()
     _C._synchronize(_get_device_index(device))
+    for message, deprecation in _C._take_worker_warnings():
+        warnings.warn(message, DeprecationWarning if deprecation else UserWarning, stacklevel=2)
 
 
 class _DeviceProperties(NamedTuple):
