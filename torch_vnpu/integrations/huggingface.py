@@ -1,4 +1,5 @@
-"""Opt-in adapter: Hugging Face accelerate, transformers and peft pick the current accelerator (vnpu).
+"""Opt-in adapter: Hugging Face accelerate, transformers and peft pick the current accelerator (vnpu);
+safetensors accepts its device strings.
 
 accelerate 1.15 (``PartialState.default_device``), transformers 5.17 (``TrainingArguments._setup_devices``,
 ``is_torch_bf16_gpu_available``) and peft 0.21 (``infer_device``) choose their device from hard-coded lists
@@ -155,6 +156,37 @@ def _patch_peft() -> None:
         _set(module, "infer_device", infer_device)
 
 
+def _safetensors_device(device: object, device_type: str) -> object:
+    """``"vnpu"``, ``"vnpu:1"`` or ``torch.device("vnpu", 1)`` as the device index safetensors accepts (it maps an
+    int ``i`` to ``torch.device(i)``, the accelerator's device ``i``); any other device unchanged."""
+    if isinstance(device, str) and device.split(":", 1)[0] == device_type:
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type == device_type:
+        return device.index if device.index is not None else torch.accelerator.current_device_index()
+    return device
+
+
+def _patch_safetensors(device_type: str) -> None:
+    import safetensors
+    import safetensors.torch
+
+    # 7. safetensors (0.8) parses device strings from a fixed list (cpu, cuda, npu, xpu, ...) and rejects others
+    #    ("device vnpu is invalid"), though it accepts a device index. safe_open (used by load_file,
+    #    transformers and diffusers) gets the index instead of the accelerator's device string.
+    orig_open = safetensors.safe_open
+
+    @functools.wraps(orig_open, updated=())
+    def safe_open(filename, framework, device="cpu", *args, **kwargs):
+        return orig_open(filename, framework, _safetensors_device(device, device_type), *args, **kwargs)
+
+    _set(safetensors, "safe_open", safe_open)
+    _set(safetensors.torch, "safe_open", safe_open)  # safetensors.torch.load_file calls this name
+    # Modules that imported the name before enable(); later imports pick up the patched name.
+    tmu = sys.modules.get("transformers.modeling_utils")
+    if tmu is not None and getattr(tmu, "safe_open", None) is orig_open:
+        _set(tmu, "safe_open", safe_open)
+
+
 def _installed(name: str) -> bool:
     import importlib.util
 
@@ -162,7 +194,8 @@ def _installed(name: str) -> bool:
 
 
 def enable() -> torch.device:
-    """Make accelerate, transformers and peft (those installed) fall back to the current accelerator.
+    """Make accelerate, transformers and peft (those installed) fall back to the current accelerator, and
+    safetensors accept ``device="vnpu[:i]"``.
 
     Idempotent. Returns the accelerator device (e.g. ``device(type='vnpu')``). Patches only
     process-global Python attributes of the installed libraries (listed by :func:`patched_names`) and
@@ -188,6 +221,8 @@ def enable() -> torch.device:
                 _patch_transformers(acc.type)
         if _installed("peft"):
             _patch_peft()
+        if _installed("safetensors"):
+            _patch_safetensors(acc.type)
     except BaseException:
         disable()
         raise

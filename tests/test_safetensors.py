@@ -1,0 +1,50 @@
+"""safetensors with vnpu: saving vnpu tensors, loading onto vnpu through the opt-in HF adapter (patch 7 in
+docs/huggingface.md), and the upstream behaviour without it."""
+import pytest
+import torch
+from safetensors import SafetensorError
+import safetensors
+import safetensors.torch as st
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    ref = {"w": torch.randn(4, 3, generator=g), "b": torch.arange(5, dtype=torch.int64),
+           "h": torch.randn(2, 2, generator=g).to(torch.bfloat16)}
+    path = tmp_path / "model.safetensors"
+    st.save_file({k: v.to("vnpu") for k, v in ref.items()}, path)  # saved from vnpu tensors
+    return path, ref
+
+
+def test_save_from_vnpu_loads_on_cpu(checkpoint):
+    path, ref = checkpoint
+    out = st.load_file(path, device="cpu")
+    for k, v in ref.items():
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v)
+
+
+def test_without_adapter_device_string_is_rejected_upstream(checkpoint):
+    path, _ = checkpoint
+    with pytest.raises(SafetensorError, match="invalid"):
+        st.load_file(path, device="vnpu")
+
+
+@pytest.mark.parametrize("device", ["vnpu", "vnpu:1", torch.device("vnpu", 1)])
+def test_adapter_loads_onto_vnpu(adapter, checkpoint, device):
+    path, ref = checkpoint
+    want = torch.device(device)
+    want_index = want.index if want.index is not None else torch.vnpu.current_device()
+    out = st.load_file(path, device=device)
+    for k, v in ref.items():
+        assert out[k].device == torch.device("vnpu", want_index)
+        assert out[k].dtype == v.dtype and torch.equal(out[k].cpu(), v)
+    with safetensors.safe_open(path, framework="pt", device=device) as f:
+        assert torch.equal(f.get_tensor("w").cpu(), ref["w"]) and f.get_tensor("w").device.index == want_index
+
+
+def test_adapter_leaves_other_devices_alone(adapter, checkpoint):
+    path, ref = checkpoint
+    assert st.load_file(path, device="cpu")["w"].device.type == "cpu"
+    with pytest.raises(SafetensorError):
+        st.load_file(path, device="nosuchdevice")
