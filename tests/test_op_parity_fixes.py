@@ -140,3 +140,24 @@ def test_explicit_out_kernels_that_use_out_as_scratch(op, reduction):
     fn(_v(x), _v(y), *extra, out=out)
     _same(out, ref_out)
     _same(out + 1, ref_out + 1)  # the device stays usable, the value is on the device
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_chunked_linear_cross_entropy_uses_cpu_policy(dtype, reduction):
+    # torch picks the chunked path's accumulation dtype from a (device type, dtype) table listing cpu/cuda;
+    # vnpu runs CPU's kernels and registers CPU's entries (torch_vnpu/_cpu_policies.py): fp32 accumulation.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(40, 16, generator=g).to(dtype).requires_grad_()
+    t = torch.randint(0, 40, (64,), generator=g)
+    opts = torch.nn.LinearCrossEntropyOptions()
+    assert opts._adjust(64, 16, 40, dtype, torch.device(DEV)).acc_dtype == torch.float32
+    ref = F.linear_cross_entropy(x, w, t, reduction=reduction, options=opts)
+    xv, wv = (a.detach().to(DEV).requires_grad_() for a in (x, w))
+    out = F.linear_cross_entropy(xv, wv, _v(t), reduction=reduction, options=opts)
+    _same(out.detach(), ref.detach(), atol=0, rtol=0)
+    ref.sum().backward()
+    out.sum().backward()
+    _same(xv.grad, x.grad, atol=0, rtol=0)
+    _same(wv.grad, w.grad, atol=0, rtol=0)

@@ -40,6 +40,9 @@ def _register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
     vnpu._install_at_exit()
+    from . import _cpu_policies
+
+    _cpu_policies.register(_BACKEND)
 
 
 _register()
