@@ -12,7 +12,8 @@ then on vnpu (alternating, so drift in the machine's speed hits both devices ali
 followed by a synchronize, so its time includes all of its device work; the median over all rounds is
 reported (mean/min too). "pipelined" is a round's steps issued back to back with one synchronize at the
 end, divided by the step count (median over rounds): on vnpu the host enqueues step k+1 while the device
-still runs step k.
+still runs step k. Besides the ratio of the medians, the table gives the median of per-round ratios (each
+round's vnpu median over its cpu median; the steps of a round ran back to back, so slow drift cancels).
 
 Peak memory (bytes of tensor storage, measured over one step after the timed ones):
   vnpu  torch.vnpu.max_memory_allocated() after reset_peak_memory_stats(): the caching allocator's peak
@@ -206,12 +207,21 @@ def main(argv=None):
               f"peak {mib(r['memory']['peak_bytes']):.2f} MiB", flush=True)
 
     cpu, vn = results["cpu"], results["vnpu"]
+    # Paired per-round ratios: both devices' steps of one round ran back to back, so drift in the
+    # machine's speed between rounds cancels out of each round's ratio.
+    k = args.steps
+    round_ratios = [statistics.median(vn["step_times_s"][i * k:(i + 1) * k]) /
+                    statistics.median(cpu["step_times_s"][i * k:(i + 1) * k]) for i in range(args.rounds)]
+    pipelined_round_ratios = [v / c for c, v in zip(cpu["pipelined_rounds_s"], vn["pipelined_rounds_s"])]
     diffs = [abs(a - b) for a, b in zip(cpu["losses"], vn["losses"])]
     summary = {
         "cpu_step_ms": cpu["median_s"] * 1e3, "vnpu_step_ms": vn["median_s"] * 1e3,
         "step_time_ratio": vn["median_s"] / cpu["median_s"],
         "cpu_pipelined_ms": cpu["pipelined_s"] * 1e3, "vnpu_pipelined_ms": vn["pipelined_s"] * 1e3,
         "pipelined_ratio": vn["pipelined_s"] / cpu["pipelined_s"],
+        "step_time_ratio_paired": statistics.median(round_ratios), "step_time_round_ratios": round_ratios,
+        "pipelined_ratio_paired": statistics.median(pipelined_round_ratios),
+        "pipelined_round_ratios": pipelined_round_ratios,
         "cpu_peak_bytes": cpu["memory"]["peak_bytes"], "vnpu_peak_bytes": vn["memory"]["peak_bytes"],
         "peak_memory_ratio": vn["memory"]["peak_bytes"] / cpu["memory"]["peak_bytes"],
         "cpu_step_bytes": cpu["memory"]["step_bytes"], "vnpu_step_bytes": vn["memory"]["step_bytes"],
@@ -249,6 +259,10 @@ def main(argv=None):
     ]
     for name, c, v, r in rows:
         print(f"{name:<34}{c:>12.2f}{v:>12.2f}{r:>9.2f}x")
+    for name, key, rr in (("step time", "step_time_ratio_paired", round_ratios),
+                          ("pipelined", "pipelined_ratio_paired", pipelined_round_ratios)):
+        print(f"{name}, median of per-round ratios: {summary[key]:.2f}x "
+              f"(rounds: {min(rr):.2f}x .. {max(rr):.2f}x)")
     print(f"losses over the timed steps: {'bitwise equal' if summary['losses_bitwise_equal'] else 'differ'} "
           f"(max |diff| {summary['max_abs_loss_diff']:.3g})")
     print(f"wrote {path}")
