@@ -32,9 +32,10 @@ Tensor AliasContext::make(const TensorSpec& spec) {
   auto it = storages_.find(spec.storage_base);
   if (it == storages_.end()) {
     // Non-owning DataPtr (no deleter): the device allocator owns the memory.
+    // A resizable one reallocates from the CPU allocator and never frees the device memory.
     c10::Storage storage(c10::Storage::use_byte_size_t(), spec.storage_nbytes,
                          c10::DataPtr(spec.storage_base, c10::Device(c10::DeviceType::CPU)),
-                         /*allocator=*/nullptr, /*resizable=*/false);
+                         resizable_ ? c10::GetCPUAllocator() : nullptr, /*resizable=*/resizable_);
     it = storages_.emplace(spec.storage_base, std::move(storage)).first;
   }
   auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),

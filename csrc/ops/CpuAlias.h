@@ -34,6 +34,10 @@ TensorSpec spec_of(const Tensor& t);
 
 class AliasContext {
  public:
+  // resizable: kernels may grow the aliases' storages (into fresh host memory,
+  // which the caller copies back; used by the synchronous sparse path,
+  // Sparse.cpp). By default device memory cannot grow under a kernel.
+  explicit AliasContext(bool resizable = false) : resizable_(resizable) {}
   // CPU alias of a snapshot (the CPU scalar itself for CPU specs).
   Tensor make(const TensorSpec& spec);
   // The CPU storage created for `device_base` or nullptr.
@@ -43,6 +47,7 @@ class AliasContext {
 
  private:
   std::unordered_map<const void*, c10::Storage> storages_;  // device base -> CPU storage
+  bool resizable_ = false;
 };
 
 }  // namespace at::vnpu

@@ -39,6 +39,10 @@ void launch(const char* name, DeviceIndex device, std::function<void()> kernel);
 // the executor, so vnpu runs CPU's kernel (see Overrides.cpp). Idempotent.
 void register_cpu_kernel_overrides();
 
+// Likewise for sparse layouts: ops with a SparseCPU/SparseCsrCPU kernel and a
+// CompositeExplicitAutograd kernel run the sparse fallback (Sparse.cpp). Idempotent.
+void register_sparse_kernel_overrides();
+
 // A vnpu tensor sharing `base`'s storage with `cpu_view`'s sizes, strides,
 // offset and dtype (cpu_view must alias base's storage).
 Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view);

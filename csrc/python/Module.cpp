@@ -108,6 +108,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_vnpu native bindings (private; use torch.vnpu)";
   at::vnpu::register_hooks();
   at::vnpu::register_cpu_kernel_overrides();
+  at::vnpu::register_sparse_kernel_overrides();
   at::vnpu::release_openmp_pool_when_workers_idle();
 
   m.def("_device_count", &c10::vnpu::device_count);
