@@ -2,6 +2,9 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <ATen/EmptyTensor.h>
+
+#include <cstring>
 
 namespace at::vnpu {
 
@@ -11,6 +14,20 @@ TensorSpec spec_of(const Tensor& t) {
   s.defined = true;
   if (t.device().is_cpu()) {
     s.cpu_value = t;
+    // Note [No Python tensors in stream tasks]: a TensorImpl that has a Python
+    // object calls into Python (taking the GIL) when its last C++ reference
+    // goes away. Dropped by a stream worker while the caller syncs that stream
+    // holding the GIL (e.g. inside torch.sparse_coo_tensor(...)), that
+    // deadlocks. Such a CPU scalar is read now instead (as CUDA reads CPU
+    // scalars at launch): the task gets a copy of its value.
+    if (t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() != nullptr && t.dim() == 0) {
+      Tensor v = at::detail::empty_cpu({}, t.scalar_type());
+      std::memcpy(v.mutable_data_ptr(), t.const_data_ptr(), t.element_size());
+      if (t.is_conj()) v._set_conj(true);
+      if (t.is_neg()) v._set_neg(true);
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) v.unsafeGetTensorImpl()->set_wrapped_number(true);
+      s.cpu_value = std::move(v);
+    }
     return s;
   }
   const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
