@@ -390,3 +390,26 @@ def test_repeated_construction_from_device_components():
     for _ in range(200):
         s = torch.sparse_coo_tensor(i.to(DEV), v.to(DEV))
     assert_same(s, expected)
+
+
+def test_factory_results_requested_on_cpu():
+    x = _dense().to_sparse_csr()
+    for fn in (torch.zeros_like, torch.randn_like):
+        r = fn(x.to(DEV), device="cpu")
+        assert r.device.type == "cpu" and r.layout == torch.sparse_csr
+        assert all(c.device.type == "cpu" for c in (r.crow_indices(), r.col_indices(), r.values()))
+        exp = fn(x, device="cpu")  # the oracle (randn_like: same structure, other draws)
+        torch.testing.assert_close(r.crow_indices(), exp.crow_indices(), rtol=0, atol=0)
+        torch.testing.assert_close(r.col_indices(), exp.col_indices(), rtol=0, atol=0)
+    assert_same(torch.zeros_like(x.to(DEV)), torch.zeros_like(x))
+
+
+def test_opinfo_sparse_samples_float32():
+    # every OpInfo's sparse sample inputs (COO, CSR, CSC, BSR, BSC) in float32 vs CPU: scripts/sparse_parity.py
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "sparse_parity.py")
+    r = subprocess.run([sys.executable, script, "--dtypes", "float32"], capture_output=True, text=True, timeout=600,
+                       cwd=os.path.dirname(__file__))
+    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

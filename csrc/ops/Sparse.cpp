@@ -185,6 +185,35 @@ class SparseCall {
     return v;
   }
 
+  // A result the op was asked to put on the CPU (a `device="cpu"` argument,
+  // e.g. randn_like(x, device="cpu")): what aliases device memory is copied.
+  Tensor to_host(const Tensor& c) {
+    if (!c.defined() || is_vnpu(c)) return c;
+    if (c.layout() == kSparse) {
+      auto* impl = at::sparse::get_sparse_impl(c);
+      return make_coo(Device(kCPU), c, to_host(impl->indices()), to_host(impl->values()));
+    }
+    if (is_compressed(c)) {
+      auto* impl = at::sparse_csr::get_sparse_csr_impl(c);
+      return make_compressed(Device(kCPU), c, to_host(impl->compressed_indices()), to_host(impl->plain_indices()),
+                             to_host(impl->values()));
+    }
+    if (passed_.count(c.unsafeGetTensorImpl())) return c;
+    const bool device_memory = back_.count(c.unsafeGetTensorImpl()) ||
+                               ctx_.device_base_of(c.storage().unsafeGetStorageImpl()) != nullptr;
+    return device_memory ? c.clone() : c;
+  }
+
+  IValue to_host(const IValue& v) {
+    if (v.isTensor()) return to_host(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<Tensor> l;
+      for (const Tensor& t : v.toTensorList()) l.push_back(to_host(t));
+      return l;
+    }
+    return v;
+  }
+
   // Propagates what the kernel did to the mutable argument `arg` (vnpu) into it.
   void write_back(const Tensor& arg) {
     if (!is_vnpu(arg)) return;
@@ -327,6 +356,8 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
     const auto& ai = schema.arguments()[i].alias_info();
     if (ai && ai->isWrite() && args[i].isTensor()) call.write_back(args[i].toTensor());
   }
+  bool on_host = false;  // results requested on the CPU
+  for (const IValue& a : args) on_host |= a.isDevice() && a.toDevice().is_cpu();
   std::vector<IValue> results;
   results.reserve(schema.returns().size());
   for (size_t r = 0; r < schema.returns().size(); ++r) {
@@ -338,7 +369,7 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
         if (ai && ai->isWrite() && ai->beforeSets() == ri->beforeSets()) mutated = static_cast<int>(i);
       }
     }
-    results.push_back(mutated >= 0 ? args[mutated] : call.to_vnpu(s[r]));
+    results.push_back(mutated >= 0 ? args[mutated] : on_host ? call.to_host(s[r]) : call.to_vnpu(s[r]));
   }
   torch::jit::drop(*stack, n);
   for (auto& r : results) stack->push_back(std::move(r));
