@@ -846,7 +846,11 @@ class WorkerMustExit(Exception):
 
 FAILURE_CATEGORIES = [
     # (category, regex on the failure message), first match wins
-    ("sparse layouts unsupported on vnpu", r"Sparse|sparse_|SparseCsr"),
+    # Sparse ops run ATen's SparseCPU/SparseCsrCPU kernels (csrc/ops/Sparse.cpp); what remains unsupported is
+    # an op without such a kernel (CPU raises the same) or a layout vnpu does not have.
+    ("sparse op without a sparse CPU kernel / unsupported layout on vnpu",
+     r"with arguments from the 'Sparse(Csr)?(CPU|vnpu)' backend|vnpu: (tensors|results) of layout"),
+    ("sparse tensor reached the dense executor", r"Cannot access storage of Sparse"),
     ("timeout / worker crash", r"^timeout|worker died|hang: no progress"),
     ("Meta-inferred output dtype differs from the CPU kernel's (out= kernel rejects the output)",
      r"Expected out tensor to have dtype|expected scalar type \w+ but found"),
