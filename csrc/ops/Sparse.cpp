@@ -28,6 +28,7 @@
 #include "CpuAlias.h"
 #include "Executor.h"
 #include "OpStats.h"
+#include "WorkerWarnings.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUStream.h"
 
@@ -343,6 +344,7 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
   c10::DeviceGuard guard(Device(kVNPU, dev));
   op_counter(op).fetch_add(1, std::memory_order_relaxed);
   c10::vnpu::getCurrentVNPUStream(dev).synchronize();
+  flush_worker_warnings();  // Note [Worker warnings]: the stream has run up to here
 
   SparseCall call(dev);
   Stack s;
