@@ -156,3 +156,18 @@ def test_cross_device_copy_is_allowed(xy):
     z = torch.empty(3, 3, device="vnpu:1")
     z.copy_(x)
     assert torch.equal(z.cpu(), y)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, o: torch.add(x, x, out=o),
+    lambda x, o: torch.sum(x, (0, 1), out=o),
+    lambda x, o: torch._C._nn.mse_loss(x, x, 2, out=o),
+])
+def test_cpu_scalar_out_is_rejected_like_cuda(call):
+    # 0-dim CPU tensors are accepted as inputs (as on CUDA), never as outputs: they would not be written.
+    x = torch.rand(4, 5, device="vnpu")
+    o = torch.full((), 7.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        call(x, o)
+    assert o.item() == 7.0
+    torch.testing.assert_close(torch.add(x, torch.tensor(1.0)).cpu(), x.cpu() + 1)  # CPU scalar input still fine

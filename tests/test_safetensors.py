@@ -48,3 +48,14 @@ def test_adapter_leaves_other_devices_alone(adapter, checkpoint):
     assert st.load_file(path, device="cpu")["w"].device.type == "cpu"
     with pytest.raises(SafetensorError):
         st.load_file(path, device="nosuchdevice")
+
+
+def test_adapter_patches_modules_that_imported_safe_open_before(adapter, checkpoint, tmp_path):
+    # accelerate.utils.modeling did `from safetensors import safe_open` before enable(); its device_map
+    # loading must accept vnpu devices too.
+    from accelerate.utils.modeling import load_state_dict
+    path, ref = checkpoint
+    out = load_state_dict(str(path), device_map={"w": "vnpu:1", "b": "cpu", "h": "vnpu"})
+    assert out["w"].device == torch.device("vnpu", 1) and torch.equal(out["w"].cpu(), ref["w"])
+    assert out["b"].device.type == "cpu" and torch.equal(out["b"], ref["b"])
+    assert out["h"].device.type == "vnpu" and torch.equal(out["h"].cpu(), ref["h"])

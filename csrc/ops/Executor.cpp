@@ -1126,6 +1126,16 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   DeviceFinder finder;
   for (const auto& a : torch::jit::last(*stack, n)) finder.value(a);
   DeviceIndex dev = finder.dev >= 0 ? finder.dev : c10::vnpu::current_device();
+  // CPU scalars are accepted as inputs only: a CPU out=/in-place argument
+  // would never be written (CUDA raises the same error).
+  const auto args_in = torch::jit::last(*stack, n);
+  for (size_t i = 0; i < n; ++i) {
+    if (info.mutable_arg[i] && args_in[i].isTensor() && args_in[i].toTensor().defined() &&
+        args_in[i].toTensor().device().is_cpu())
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  Device(kVNPU, dev), " and cpu! (argument '", op.schema().arguments()[i].name(),
+                  "' is written by ", info.name, "; pass a vnpu tensor)");
+  }
   c10::DeviceGuard guard(Device(kVNPU, dev));
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);

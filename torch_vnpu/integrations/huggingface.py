@@ -181,10 +181,13 @@ def _patch_safetensors(device_type: str) -> None:
 
     _set(safetensors, "safe_open", safe_open)
     _set(safetensors.torch, "safe_open", safe_open)  # safetensors.torch.load_file calls this name
-    # Modules that imported the name before enable(); later imports pick up the patched name.
-    tmu = sys.modules.get("transformers.modeling_utils")
-    if tmu is not None and getattr(tmu, "safe_open", None) is orig_open:
-        _set(tmu, "safe_open", safe_open)
+    # Modules that imported the name before enable() (transformers.modeling_utils, accelerate.utils.modeling,
+    # ...); later imports pick up the patched name.
+    for name, module in list(sys.modules.items()):
+        if name.startswith(("safetensors", "torch")) or module is None:
+            continue
+        if getattr(module, "__dict__", {}).get("safe_open") is orig_open:  # no lazy-module __getattr__
+            _set(module, "safe_open", safe_open)
 
 
 def _installed(name: str) -> bool:

@@ -53,6 +53,7 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorNotReady: return "device not ready";
     case vnpuErrorInvalidResourceHandle: return "invalid resource handle";
     case vnpuErrorLaunchFailure: return "kernel failed on the device";
+    case vnpuErrorInvalidConfiguration: return "invalid configuration (see vnpuGetConfigurationErrorString)";
     case vnpuErrorForkedAfterInit:
       return "the vNPU runtime cannot be used in a process forked after it was initialized";
   }
