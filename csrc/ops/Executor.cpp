@@ -303,20 +303,9 @@ Tensor to_meta(const Tensor& t) {
 }
 
 IValue to_meta(const IValue& v) {
-  if (v.isTensor()) return to_meta(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<Tensor> l;
-    for (const auto& t : v.toTensorList()) l.push_back(to_meta(t));
-    return l;
-  }
-  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
-    c10::List<std::optional<Tensor>> l;
-    for (const IValue& e : v.toListRef()) l.push_back(e.isTensor() ? std::optional<Tensor>(to_meta(e.toTensor())) : std::nullopt);
-    return l;
-  }
   if (v.isDevice() && v.toDevice().type() == kVNPU) return Device(kMeta);
   if (v.isGenerator()) return IValue();
-  return v;
+  return map_tensors(v, [](const Tensor& t) { return to_meta(t); });
 }
 
 // Note [Overlap errors]
@@ -1072,6 +1061,21 @@ void run_view(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
 }
 
 }  // namespace
+
+IValue map_tensors(const IValue& v, const std::function<Tensor(const Tensor&)>& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<Tensor> l;
+    for (const Tensor& t : v.toTensorList()) l.push_back(fn(t));
+    return l;
+  }
+  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<Tensor>> l;
+    for (const IValue& e : v.toListRef()) l.push_back(e.isTensor() ? std::optional<Tensor>(fn(e.toTensor())) : std::nullopt);
+    return l;
+  }
+  return v;
+}
 
 void launch(const char* name, DeviceIndex device, std::function<void()> kernel) {
   release_host_openmp_pool();  // Note [One OpenMP pool]

@@ -43,6 +43,10 @@ void register_cpu_kernel_overrides();
 // CompositeExplicitAutograd kernel run the sparse fallback (Sparse.cpp). Idempotent.
 void register_sparse_kernel_overrides();
 
+// `v` with `fn` applied to every tensor in it (a Tensor, Tensor[] or
+// Tensor?[]; undefined/None entries stay as they are); other values unchanged.
+c10::IValue map_tensors(const c10::IValue& v, const std::function<Tensor(const Tensor&)>& fn);
+
 // A vnpu tensor sharing `base`'s storage with `cpu_view`'s sizes, strides,
 // offset and dtype (cpu_view must alias base's storage).
 Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view);

@@ -136,20 +136,8 @@ class SparseCall {
   }
 
   IValue to_cpu(const IValue& v) {
-    if (v.isTensor()) return to_cpu(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<Tensor> l;
-      for (const Tensor& t : v.toTensorList()) l.push_back(to_cpu(t));
-      return l;
-    }
-    if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
-      c10::List<std::optional<Tensor>> l;
-      for (const IValue& e : v.toListRef())
-        l.push_back(e.isTensor() ? std::optional<Tensor>(to_cpu(e.toTensor())) : std::nullopt);
-      return l;
-    }
     if (v.isDevice() && v.toDevice().type() == kVNPU) return Device(kCPU);
-    return v;
+    return map_tensors(v, [this](const Tensor& t) { return to_cpu(t); });
   }
 
   Tensor to_vnpu(const Tensor& c) {
@@ -177,13 +165,7 @@ class SparseCall {
   }
 
   IValue to_vnpu(const IValue& v) {
-    if (v.isTensor()) return to_vnpu(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<Tensor> l;
-      for (const Tensor& t : v.toTensorList()) l.push_back(to_vnpu(t));
-      return l;
-    }
-    return v;
+    return map_tensors(v, [this](const Tensor& t) { return to_vnpu(t); });
   }
 
   // A result the op was asked to put on the CPU (a `device="cpu"` argument,
@@ -206,13 +188,7 @@ class SparseCall {
   }
 
   IValue to_host(const IValue& v) {
-    if (v.isTensor()) return to_host(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<Tensor> l;
-      for (const Tensor& t : v.toTensorList()) l.push_back(to_host(t));
-      return l;
-    }
-    return v;
+    return map_tensors(v, [this](const Tensor& t) { return to_host(t); });
   }
 
   // Propagates what the kernel did to the mutable argument `arg` (vnpu) into it.
