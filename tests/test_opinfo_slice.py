@@ -2,7 +2,11 @@
 
 * forward (functional, in-place and out= variants) of every OpInfo in float32, int64 and bool, one sample
   input and one reference input per op and dtype;
-* gradients (float32) of ~20 common NN ops, two sample inputs each.
+* gradients (float32) of ~20 common NN ops, two sample inputs each;
+* the layout variants of every sample (issue #13, item 15: non-contiguous, transposed, expanded, storage offset,
+  channels-last views of the same inputs; see LAYOUTS in torch_vnpu/testing/opinfo.py) of one sample input per
+  OpInfo for the float32 forward (functional and out=) and for the gradients above; output strides must equal
+  CPU's (the full sweep runs every sample and reference input in every layout).
 
 Every failing (op, dtype, kind) case must be listed in tests/opinfo_known_failures.txt (one line per case,
 with the reason), so a new regression fails CI. The list is written by the full sweep
@@ -55,7 +59,7 @@ def _known_failures():
 
 
 def _sweep(**overrides):
-    opts = dict(ops=None, dtypes=["float32"], no_grad=False, no_errors=True, no_inplace=False, no_out=False,
+    opts = dict(ops=None, dtypes=["float32"], no_grad=False, no_errors=True, no_inplace=False, no_out=False, layouts=[],
                 json=None, jobs=int(os.environ.get("OPINFO_JOBS", "2")), threads=1, limit_samples=1,
                 limit_errors=None, timeout=60, max_minutes=None, verbose=False, quiet=True)
     opts.update(overrides)
@@ -83,4 +87,21 @@ def test_opinfo_forward_slice():
 def test_opinfo_grad_slice():
     res = _sweep(ops=[",".join(GRAD_OPS)], dtypes=["float32"], no_inplace=True, no_out=True, limit_samples=2)
     assert res["by_kind"]["grad"]["passed"] >= 30, res["by_kind"]
+    _check(res)
+
+
+def test_opinfo_layout_slice():
+    opinfo = _opinfo()
+    res = _sweep(dtypes=["float32"], no_grad=True, no_inplace=True, limit_samples=1, no_reference=True,
+                 layouts=opinfo.LAYOUTS, layouts_only=True)
+    passed = {layout: res["by_kind_variant"].get(f"forward@{layout}", {}).get("passed", 0) for layout in opinfo.LAYOUTS}
+    assert min(passed.values()) > 20 and sum(passed.values()) > 1000, passed
+    _check(res)
+
+
+def test_opinfo_layout_grad_slice():
+    opinfo = _opinfo()
+    res = _sweep(ops=[",".join(GRAD_OPS)], dtypes=["float32"], no_inplace=True, no_out=True, limit_samples=2,
+                 layouts=opinfo.LAYOUTS, layouts_only=True)
+    assert res["by_kind_variant"].get("grad@noncontig", {}).get("passed", 0) >= 20, res["by_kind_variant"]
     _check(res)

@@ -46,16 +46,23 @@ TensorSpec spec_of(const Tensor& t) {
 Tensor AliasContext::make(const TensorSpec& spec) {
   if (!spec.defined) return Tensor();
   if (spec.cpu_value.defined()) return spec.cpu_value;
-  auto it = storages_.find(spec.storage_base);
+  // Storages of zero bytes have no address: each gets its own CPU storage (a
+  // kernel may grow two of them independently, e.g. two empty out= tensors).
+  auto it = spec.storage_base ? storages_.find(spec.storage_base) : storages_.end();
   if (it == storages_.end()) {
     // Non-owning DataPtr (no deleter): the device allocator owns the memory.
     // A resizable one reallocates from the CPU allocator and never frees the device memory.
     c10::Storage storage(c10::Storage::use_byte_size_t(), spec.storage_nbytes,
                          c10::DataPtr(spec.storage_base, c10::Device(c10::DeviceType::CPU)),
                          resizable_ ? c10::GetCPUAllocator() : nullptr, /*resizable=*/resizable_);
+    if (!spec.storage_base) return alias_of(storage, spec);
     it = storages_.emplace(spec.storage_base, std::move(storage)).first;
   }
-  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
+  return alias_of(it->second, spec);
+}
+
+Tensor AliasContext::alias_of(const c10::Storage& storage, const TensorSpec& spec) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
                                                     c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     scalarTypeToTypeMeta(spec.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.storage_offset);

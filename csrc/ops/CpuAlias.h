@@ -46,6 +46,7 @@ class AliasContext {
   void* device_base_of(const c10::StorageImpl* impl) const;
 
  private:
+  static Tensor alias_of(const c10::Storage& storage, const TensorSpec& spec);
   std::unordered_map<const void*, c10::Storage> storages_;  // device base -> CPU storage
   bool resizable_ = false;
 };

@@ -165,6 +165,7 @@ struct OpInfo {
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
+  bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -194,6 +195,23 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& 
     if (ok && h->hasComputedKernelForDispatchKey(DispatchKey::CPU)) return h;
   }
   return std::nullopt;
+}
+
+// Note [out= kernels that read their outputs]
+// vnpu runs a functional op through its out= overload, writing straight into
+// the planned outputs. That is only right if the out= kernel computes what the
+// functional kernel computes. CPU's batch_norm_cpu_out does not for
+// non-contiguous inputs in training: it takes the mean from `save_mean`, which
+// the functional batch_norm_cpu fills (at::mean) before calling it, so a direct
+// out= call reads an uninitialised mean (found by the layout variants of the
+// OpInfo sweep; CPU itself gives the same wrong values when called with out=).
+// For these ops an input that is not contiguous runs the functional kernel
+// plus a copy.
+bool out_needs_contiguous_input(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
+      "aten::_batch_norm_with_update"};
+  return ops.count(name) > 0;
 }
 
 bool is_tensor_like(const c10::TypePtr& t) {
@@ -237,6 +255,7 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   }
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
+    info.out_needs_contiguous_input = out_needs_contiguous_input(info.name);
   }
 }
 
@@ -589,16 +608,33 @@ struct MetaQuery {
   std::vector<int64_t> key, signature;
 };
 
-// The key of Note [Meta kernels are checked against CPU]: dtype, device and
-// rank of every tensor, and the values of bools and ints (e.g. batch norm's
-// `training` or a loss's `reduction` decide whether CPU returns empty or 0-dim
-// outputs where the Meta kernel does not), but not sizes: a training loop
-// converges to a handful of signatures.
+// Memory-layout class of a tensor for Note [Meta kernels are checked against
+// CPU]: output strides often follow the inputs' layout (TensorIterator keeps a
+// channels-last or permuted input's order when it allocates an output), and a
+// Meta kernel may not (out= decompositions allocate contiguous outputs). The
+// flags are cached in TensorImpl, so this costs a few loads.
+// The memory format CPU kernels pick for such an input (suggest_memory_format:
+// a tensor with size-1 dims may be contiguous in both formats) times whether
+// the tensor is dense in it, permuted, or has gaps or overlap.
+int64_t layout_class(const Tensor& t) {
+  const auto format = t.suggest_memory_format();
+  const int64_t f = format == at::MemoryFormat::ChannelsLast ? 1 : format == at::MemoryFormat::ChannelsLast3d ? 2 : 0;
+  if (t.is_contiguous(format)) return f * 3;
+  if (t.is_non_overlapping_and_dense()) return f * 3 + 1;  // permuted, e.g. transposed
+  return f * 3 + 2;                                        // gaps or overlap (slices, expand)
+}
+
+// The key of Note [Meta kernels are checked against CPU]: dtype, device, rank
+// and layout class of every tensor, and the values of bools and ints (e.g.
+// batch norm's `training` or a loss's `reduction` decide whether CPU returns
+// empty or 0-dim outputs where the Meta kernel does not), but not sizes: a
+// training loop converges to a handful of signatures.
 std::vector<int64_t> dtype_signature(ArrayRef<IValue> args) {
   std::vector<int64_t> sig;
   auto add = [&](const Tensor& t) {
     if (!t.defined()) { sig.push_back(-1); return; }
-    sig.push_back((static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0)) * 64 + t.dim());
+    sig.push_back(((static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0)) * 64 + t.dim()) * 16 +
+                  layout_class(t));
   };
   for (const auto& a : args) {
     if (a.isTensor()) add(a.toTensor());
@@ -613,6 +649,17 @@ std::vector<int64_t> dtype_signature(ArrayRef<IValue> args) {
     else sig.push_back(-7);
   }
   return sig;
+}
+
+// Layout equality that ignores strides of size-1 dimensions (they never matter).
+bool same_meta(const TensorMeta& a, const TensorMeta& b) {
+  if (a.defined != b.defined) return false;
+  if (!a.defined) return true;
+  if (a.dtype != b.dtype || a.sizes != b.sizes || a.conj != b.conj || a.neg != b.neg) return false;
+  for (size_t d = 0; d < a.sizes.size(); ++d) {
+    if (a.sizes[d] > 1 && a.strides[d] != b.strides[d]) return false;
+  }
+  return true;
 }
 
 // Output metadata of `op` on `args`, from the cache or the Meta kernel.
@@ -689,9 +736,19 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
       result->mutated.emplace_back(i, tensor_meta(meta_args[i].toTensor()));
   }
   q.meta = result;
+  // An out= argument that already has the result's shape keeps its strides
+  // (resize_output's contract; structured CPU kernels compute into a proxy),
+  // but some Meta kernels restride it (e.g. _linalg_solve_ex to column-major).
+  // A signature validated on shapes where both layouts coincide cannot tell,
+  // so such a call is checked against CPU itself.
+  bool restrides = false;
+  for (const auto& [i, m] : result->mutated) {
+    const Tensor& t = args[i].toTensor();
+    restrides |= t.sizes().equals(m.sizes) && !same_meta(tensor_meta(t), m);
+  }
   // Only ATen's own ops are checked: custom ops have no other source of truth
   // than their registered fake/Meta kernel (and may block or have effects).
-  if (state == 0 && info.name.rfind("aten::", 0) == 0) {
+  if ((state == 0 || restrides) && info.name.rfind("aten::", 0) == 0) {
     q.mode = MetaMode::Validate;
     return q;
   }
@@ -703,16 +760,6 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   return q;
 }
 
-// Layout equality that ignores strides of size-1 dimensions (they never matter).
-bool same_meta(const TensorMeta& a, const TensorMeta& b) {
-  if (a.defined != b.defined) return false;
-  if (!a.defined) return true;
-  if (a.dtype != b.dtype || a.sizes != b.sizes || a.conj != b.conj || a.neg != b.neg) return false;
-  for (size_t d = 0; d < a.sizes.size(); ++d) {
-    if (a.sizes[d] > 1 && a.strides[d] != b.strides[d]) return false;
-  }
-  return true;
-}
 
 // The metadata the CPU kernel actually produced (results of run_sync).
 std::shared_ptr<MetaResult> observed_meta(const OpInfo& info, ArrayRef<IValue> results,
@@ -834,7 +881,10 @@ bool same_result(const MetaResult& a, const MetaResult& b) {
 // Makes `t` (vnpu) take the layout the op gives an out=/in-place argument,
 // growing its storage in stream order if needed.
 void apply_layout(const Tensor& t, const TensorMeta& m) {
-  if (t.sizes().equals(m.sizes) && t.strides().equals(m.strides)) return;
+  // Equal up to strides of size-1 dims: the same layout, keep the caller's strides.
+  if (t.sizes().equals(m.sizes) && same_meta(tensor_meta(t), TensorMeta{true, t.scalar_type(), m.sizes, m.strides,
+                                                                          t.is_conj(), t.is_neg()}))
+    return;
   if (!t.sizes().equals(m.sizes)) at::native::resize_output(t, m.sizes);  // warns like CPU/CUDA
   if (!t.strides().equals(m.strides)) {
     size_t item = t.dtype().itemsize();
@@ -859,9 +909,10 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // sync is the only cost, and CPU's kernel then raises its argument errors
   // (e.g. max() of an empty tensor) at the call, as CPU and CUDA do.
   // Likewise an index argument of a non-integer dtype: Meta kernels do not all
-  // check it, CPU's raises at the call.
+  // check it, CPU's raises at the call. An empty out=/in-place argument is not
+  // an empty input: composites call `op.out(empty(0), ...)` all the time.
   for (size_t i = 0; i < n; ++i) {
-    if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
+    if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
     const auto& name = schema.arguments()[i].name();
     if (t.numel() == 0 || ((name == "index" || name == "indices") && !isIntegralType(t.scalar_type(), true)))
@@ -945,7 +996,9 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   bool all_defined = true;
   for (const auto& o : plan->outs)
     for (const auto& sp : o.specs) all_defined &= sp.defined;
-  if (info.out_op && !plan->outs.empty() && all_defined && !info.out_unusable.load()) plan->out_op = info.out_op;
+  if (info.out_op && !plan->outs.empty() && all_defined && !info.out_unusable.load() &&
+      !(info.out_needs_contiguous_input && !args[0].toTensor().is_contiguous()))
+    plan->out_op = info.out_op;
   if (!plan->out_op && !plan->outs.empty()) record_extra_copy(info.name);
   launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
 
@@ -960,27 +1013,36 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   auto args = torch::jit::last(*stack, n);
   c10::vnpu::getCurrentVNPUStream(dev).synchronize();
 
-  // Mutable arguments become resizable CPU copies written back afterwards.
-  AliasContext ctx;
+  // Note [Synchronous kernels run on aliases]: every argument is a CPU alias
+  // of device memory, so the kernel sees exactly the aliasing CPU would (an
+  // expanded in-place argument, an out= sharing storage with an input). The
+  // aliases' storages are resizable: a kernel that grows an out= argument
+  // moves that storage into host memory, and the vnpu tensor then grows and
+  // takes the values; a kernel that only re-lays out or shrinks an argument
+  // changes its metadata, which the vnpu tensor then takes.
+  AliasContext ctx(/*resizable=*/true);
   Stack s;
   s.reserve(n);
-  std::vector<std::pair<Tensor, Tensor>> write_back;  // (vnpu, cpu)
+  struct Mutated { Tensor vnpu, cpu; const void* device_base; };
+  std::vector<Mutated> mutated;
   const int64_t numel = max_numel(args);
   for (size_t i = 0; i < n; ++i) {
     Slot slot = make_slot(args[i], schema.arguments()[i], dev, numel);
     IValue v = materialize(slot, ctx);
-    if (info.mutable_arg[i] && v.isTensor() && v.toTensor().defined() && args[i].toTensor().device().type() == kVNPU) {
-      Tensor copy = v.toTensor().clone(at::MemoryFormat::Preserve);
-      write_back.emplace_back(args[i].toTensor(), copy);
-      v = copy;
-    }
+    if (info.mutable_arg[i] && v.isTensor() && v.toTensor().defined() && args[i].toTensor().device().type() == kVNPU)
+      mutated.push_back({args[i].toTensor(), v.toTensor(), slot.specs[0].storage_base});
     s.push_back(std::move(v));
   }
   op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
 
-  for (auto& [dst, src] : write_back) {
-    if (!dst.sizes().equals(src.sizes())) dst.resize_(src.sizes());
-    dst.copy_(src);
+  for (auto& m : mutated) {
+    const bool moved = m.cpu.storage().data() != m.device_base;  // grown into host memory, or set_ elsewhere
+    if (!m.vnpu.sizes().equals(m.cpu.sizes())) m.vnpu.resize_(m.cpu.sizes());
+    if (m.vnpu.storage_offset() != m.cpu.storage_offset())
+      m.vnpu.unsafeGetTensorImpl()->set_sizes_and_strides(m.vnpu.sizes(), m.vnpu.strides(), m.cpu.storage_offset());
+    apply_layout(m.vnpu, tensor_meta(m.cpu));
+    set_lazy_bits(m.vnpu, tensor_meta(m.cpu));
+    if (moved) m.vnpu.copy_(m.cpu);
   }
   auto to_vnpu = [&](const Tensor& t) -> Tensor {
     if (!t.defined() || t.device().type() == kVNPU) return t;

@@ -49,6 +49,17 @@ STATUSES = ["passed", "failed", "skipped", "cpu_failed"]
 ERROR_DTYPE = "any"  # error inputs bring their own dtypes; they run once per op
 MSG_LEN = 600
 
+# Layout variants of every sample (issue #13, item 15): the same computation on inputs laid out differently in
+# memory. PyTorch's TestCommon.test_noncontiguous_samples builds "noncontig"; CPU and vnpu get the same layout.
+#   noncontig:  every contiguous tensor becomes a strided view of a twice-as-large buffer, its gaps filled with
+#               NaN (floats), True or 12, so a kernel that reads the wrong elements gives visibly wrong values;
+#               out= tensors likewise (PyTorch's test_out case 2)
+#   transposed: tensors of >= 2 non-trivial dims in reversed (column-major) memory order; out= tensors too
+#   expanded:   stride 0 in the innermost non-trivial dim (values repeat along it, as after expand())
+#   offset:     a contiguous view that starts 3 elements into its storage (storage_offset 3); out= tensors too
+#   channels_last: 4-D and 5-D tensors in channels-last memory format (as CNNs use them); out= tensors too
+LAYOUTS = ["noncontig", "transposed", "expanded", "offset", "channels_last"]
+
 # Ops whose outputs contain uninitialized memory besides the has_nondeterministic_output ones.
 UNINITIALIZED_OUTPUT_OPS = {"resize_", "resize_as_"}
 
@@ -61,9 +72,11 @@ def op_key(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def case_kind_label(kind, variant):
-    """The kind column of failing-case lists: forward, forward:inplace, forward:out, grad, error."""
-    return kind if variant in ("", "fn", None) else f"{kind}:{variant}"
+def case_kind_label(kind, variant, layout=None):
+    """The kind column of failing-case lists: forward, forward:inplace, forward:out, grad, error, with
+    ``@<layout>`` appended for a layout variant of the sample (e.g. ``forward:out@noncontig``)."""
+    label = kind if variant in ("", "fn", None) else f"{kind}:{variant}"
+    return f"{label}@{layout}" if layout else label
 
 
 def _short(msg, n=MSG_LEN):
@@ -137,6 +150,48 @@ def _overlaps_itself(t):
     for size, stride in zip(t.shape, t.stride()):
         offsets = (offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride)
     return offsets.reshape(-1).unique().numel() < t.numel()
+
+
+def layout_tensor(t, layout, out=False):
+    """`t` (a strided tensor) with the memory layout `layout` (see LAYOUTS): same shape, dtype, device and
+    requires_grad; same values except for "expanded" (t's first slice repeated along the innermost non-trivial
+    dim). Returns t itself when the layout does not apply (0-dim, empty, already non-contiguous for
+    "noncontig", fewer than two non-trivial dims for "transposed", and "expanded" for out= tensors)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.dim() == 0 or t.numel() == 0:
+        return t
+    big = [d for d in range(t.dim()) if t.shape[d] > 1]
+    with torch.no_grad():
+        src = t.detach()
+        if layout == "noncontig":
+            if not t.is_contiguous():
+                return t
+            from torch.testing._internal.common_utils import noncontiguous_like
+
+            r = noncontiguous_like(src)
+        elif layout == "transposed":
+            if len(big) < 2:
+                return t
+            perm = list(range(t.dim()))[::-1]
+            r = src.permute(perm).contiguous().permute(perm)
+        elif layout == "expanded":
+            if out or not big:
+                return t
+            r = src.narrow(big[-1], 0, 1).clone().expand(t.shape)
+        elif layout == "offset":
+            r = src.new_empty(t.numel() + 3)[3:].view(t.shape)
+            r.copy_(src)
+        elif layout == "channels_last":
+            if t.dim() not in (4, 5) or len(big) < 2:
+                return t
+            fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+            r = src.contiguous(memory_format=fmt)
+            if r.data_ptr() == src.data_ptr():
+                return t
+        else:
+            raise ValueError(f"unknown layout {layout!r}; choose from {LAYOUTS}")
+    return r.requires_grad_(t.requires_grad)
 
 
 class OpRunner:
@@ -289,6 +344,43 @@ class OpRunner:
         self.moved = bool(memo.get("moved", False)) and not memo.get("explicit_cpu", False)
         return inp, args, kwargs
 
+    def layout_sample(self, ms, layout):
+        """The (master, SampleInput) pair ms with every tensor in `layout` (see layout_tensor), or None if
+        no tensor of the sample changed."""
+        master, s = ms
+        changed = []
+
+        def f(t):
+            r = layout_tensor(t, layout) if isinstance(t, self.torch.Tensor) else t
+            if r is not t:
+                changed.append(True)
+            return r
+
+        ts = s.transform(f)
+        if not changed:
+            return None
+        if master == "vnpu":
+            self.sync()
+        return (master, ts)
+
+    def cpu_layout_bug(self, call, sample, result, tol, keep_grad=False):
+        """For a layout variant: a message if CPU's `result` of call(inputs) differs from CPU's result on
+        contiguous copies of the same inputs (then CPU itself has a layout bug and is no oracle), else None."""
+        torch = self.torch
+        master, s = sample
+        contig = (master, s.transform(lambda t: t.contiguous().requires_grad_(t.requires_grad)
+                                      if isinstance(t, torch.Tensor) and t.layout == torch.strided else t))
+        try:
+            expected = call(self.convert_sample(contig, torch.device("cpu"), keep_grad=keep_grad))
+        except CaseTimeout:
+            raise
+        except Exception as e:
+            return f"CPU raised on contiguous copies of the inputs ({_exc_msg(e)}) but not on this layout"
+        err = self.compare_values(expected, result, tol, False, "out", require_vnpu=False, check_strides=False)
+        self._notes = []
+        return None if err is None else ("CPU's result for this layout differs from its result for contiguous "
+                                         f"copies of the same inputs (a CPU kernel bug): {err}")
+
     def gen_samples(self, op, dtype, requires_grad, which, start=0, stop=None):
         """[(master, SampleInput)] generated on vnpu (as PyTorch's device tests do on CUDA: tensors the
         OpInfo creates without a device stay on CPU); on CPU (then moved) if generation on vnpu fails."""
@@ -348,7 +440,8 @@ class OpRunner:
                     atol, rtol, found = max(atol, t.atol), max(rtol, t.rtol), True
         return (atol, rtol) if found else None
 
-    def compare_values(self, expected, actual, tol, meta_only, what="out", require_vnpu=True, tensors_only=False):
+    def compare_values(self, expected, actual, tol, meta_only, what="out", require_vnpu=True, tensors_only=False,
+                       check_strides=True):
         """None if actual (vnpu) matches expected (cpu), else a failure message."""
         torch = self.torch
         from torch.testing._comparison import default_tolerances
@@ -378,7 +471,10 @@ class OpRunner:
                     es = [st for s, st in zip(e.shape, e.stride()) if s > 1]
                     as_ = [st for s, st in zip(a.shape, a.stride()) if s > 1]
                     if es != as_:
-                        notes.append(f"stride {path}: cpu {tuple(e.stride())} vnpu {tuple(a.stride())}")
+                        msg = f"stride {path}: cpu {tuple(e.stride())} vnpu {tuple(a.stride())}"
+                        if check_strides and self.opts.get("stride_check", True):
+                            return "stride mismatch: " + msg
+                        notes.append(msg)
                 if meta_only:
                     continue
                 ac = a.detach().to("cpu")
@@ -494,7 +590,7 @@ class OpRunner:
             raise WorkerMustExit(f"device not clean after {rec['op']} {rec['dtype']} {rec['kind']}")
 
     # ---------------------------------------------------------------- forward
-    def forward_case(self, op, variant, sample, tol, meta_only_op):
+    def forward_case(self, op, variant, sample, tol, meta_only_op, layout=None):
         torch = self.torch
 
         def fn(rec):
@@ -525,7 +621,8 @@ class OpRunner:
                     # fresh inputs for the out= call, out tensors with CPU's expected metadata
                     cpu_in = self.convert_sample(sample, torch.device("cpu"))
                     out_cpu = torch.utils._pytree.tree_map_only(
-                        torch.Tensor, lambda t: torch.empty_like(t).detach(), expected)
+                        torch.Tensor, lambda t: layout_tensor(torch.empty_like(t).detach(), layout, out=True)
+                        if layout else torch.empty_like(t).detach(), expected)
                     if isinstance(out_cpu, list):
                         out_cpu = tuple(out_cpu)
                     with det:
@@ -539,6 +636,10 @@ class OpRunner:
                 cpu_exc = e
             meta_only = meta_only_op or det.random or self.is_random(op, sample)
             rec["random"] = bool(meta_only)
+            if layout and variant == "fn" and cpu_exc is None and not meta_only:
+                bug = self.cpu_layout_bug(lambda c: f(c[0], *c[1], **c[2]), sample, r_cpu, tol)
+                if bug:
+                    return "cpu_failed", bug
 
             # vnpu
             self.set_phase("vnpu")
@@ -615,7 +716,7 @@ class OpRunner:
         return fn
 
     # ---------------------------------------------------------------- grad
-    def grad_case(self, op, sample, tol, meta_only_op):
+    def grad_case(self, op, sample, tol, meta_only_op, layout=None):
         torch = self.torch
 
         def leaves_of(conv):
@@ -665,6 +766,15 @@ class OpRunner:
                 return "cpu_failed", f"cpu raised {_exc_msg(e)}"
             meta_only = meta_only_op or det.random or self.is_random(op, sample)
             rec["random"] = bool(meta_only)
+            if layout and not meta_only:
+                def fwd_and_grads(c):
+                    cc = c + (sample[1].output_process_fn_grad,)
+                    out = call(cc)
+                    return out, torch.autograd.grad(loss_of(out, weights, torch.device("cpu")), leaves_of(cc[:3]),
+                                                    allow_unused=True)
+                bug = self.cpu_layout_bug(fwd_and_grads, sample, (out_c, grads_c), tol, keep_grad=True)
+                if bug:
+                    return "cpu_failed", bug
             self.set_phase("vnpu")
             try:
                 v = self.convert_sample(sample, self.dev, keep_grad=True) + (sample[1].output_process_fn_grad,)
@@ -748,6 +858,30 @@ class OpRunner:
         return fn
 
     # ---------------------------------------------------------------- one OpInfo
+    def layout_variants(self, key, dn, kind, src, i, s0):
+        """(None, s0), then (layout, sample) for every layout of opts["layouts"] that changes s0. The layout
+        samples are kept alive for the dtype's loop (is_random caches by id). With opts["layouts_only"] the
+        sample as given is not yielded."""
+        if not self.opts.get("layouts_only"):
+            yield None, s0
+        layouts = self.opts.get("layouts") or []
+        if self.opts.get("layout_dtypes") and dn not in self.opts["layout_dtypes"]:
+            return
+        for layout in layouts:
+            self.set_phase("vnpu")
+            try:
+                ls = self.layout_sample(s0, layout)
+            except CaseTimeout:
+                raise
+            except Exception as e:
+                self.drain()
+                self.emit(dict(op=key, dtype=dn, kind=kind, variant="samplegen", layout=layout, src=src, idx=i,
+                               status="failed", msg=f"layout sample failed: {_exc_msg(e)}", notes=[]))
+                continue
+            if ls is not None:
+                self._layout_keep.append(ls)
+                yield layout, ls
+
     def run_op(self, op, skip=0):
         """All cases of op; the first `skip` cases are not run (resuming after a hang or crash)."""
         self.case_no, self.skip = 0, skip
@@ -767,6 +901,7 @@ class OpRunner:
         for dn in dtypes:
             dtype = self.dtypes[dn]
             self.random_cache = {}
+            self._layout_keep = []
             tol = self.tolerances(op, dtype)
             # ---- forward: sample inputs then reference inputs beyond the sample-input prefix
             samples, refs = [], []
@@ -774,7 +909,7 @@ class OpRunner:
             self.set_phase("vnpu")
             try:
                 samples, gen_err = self.gen_samples(op, dtype, False, "sample", 0, limit)
-                if op.reference_inputs_func is not None:
+                if op.reference_inputs_func is not None and not opts.get("no_reference"):
                     torch.manual_seed(0)
                     n_samples = sum(1 for _ in op.sample_inputs("cpu", dtype, requires_grad=False))
                     stop = None if limit is None else n_samples + limit
@@ -794,11 +929,12 @@ class OpRunner:
             if op.supports_out and not opts.get("no_out"):
                 variants.append("out")
             for src, lst in (("sample", samples), ("reference", refs)):
-                for i, s in enumerate(lst):
-                    for variant in variants:
-                        rec = dict(op=key, dtype=dn, kind="forward", variant=variant, src=src, idx=i,
-                                   sample=_short(getattr(s[1], "name", "") or "", 60))
-                        self.run_case(rec, self.forward_case(op, variant, s, tol, meta_only_op))
+                for i, s0 in enumerate(lst):
+                    for layout, s in self.layout_variants(key, dn, "forward", src, i, s0):
+                        for variant in variants:
+                            rec = dict(op=key, dtype=dn, kind="forward", variant=variant, layout=layout, src=src,
+                                       idx=i, sample=_short(getattr(s[1], "name", "") or "", 60))
+                            self.run_case(rec, self.forward_case(op, variant, s, tol, meta_only_op, layout))
 
             # ---- gradients
             if (not opts.get("no_grad") and dn in GRAD_DTYPES and op.supports_autograd
@@ -816,10 +952,11 @@ class OpRunner:
                 except Exception as e:
                     self.emit(dict(op=key, dtype=dn, kind="grad", variant="", src="sample", idx=0,
                                    status="skipped", msg=f"sample generation failed: {_exc_msg(e)}", notes=[]))
-                for i, s in enumerate(gsamples):
-                    rec = dict(op=key, dtype=dn, kind="grad", variant="", src="sample", idx=i,
-                               sample=_short(getattr(s[1], "name", "") or "", 60))
-                    self.run_case(rec, self.grad_case(op, s, tol, meta_only_op))
+                for i, s0 in enumerate(gsamples):
+                    for layout, s in self.layout_variants(key, dn, "grad", "sample", i, s0):
+                        rec = dict(op=key, dtype=dn, kind="grad", variant="", layout=layout, src="sample", idx=i,
+                                   sample=_short(getattr(s[1], "name", "") or "", 60))
+                        self.run_case(rec, self.grad_case(op, s, tol, meta_only_op, layout))
 
         # ---- error inputs (once per op; they bring their own dtypes)
         if not opts.get("no_errors") and op.error_inputs_func is not None:
@@ -856,6 +993,7 @@ FAILURE_CATEGORIES = [
      r"Expected out tensor to have dtype|expected scalar type \w+ but found"),
     ("Meta-inferred output size differs from the CPU kernel's",
      r"must match the size of tensor b|shape mismatch at"),
+    ("output strides differ from CPU's (memory layout of a result or of an out= argument)", r"stride mismatch"),
     ("CompositeExplicitAutograd kernel reaches a DispatchStub for vnpu",
      r"DispatchStub: missing kernel for vnpu"),
     ("CompositeExplicitAutograd kernel rejects the vnpu device type", r"only supports CPU, CUDA"),
@@ -932,7 +1070,7 @@ class Aggregator:
         st = rec["status"]
         if st == "skip-silent":
             return
-        label = case_kind_label(rec["kind"], rec.get("variant"))
+        label = case_kind_label(rec["kind"], rec.get("variant"), rec.get("layout"))
         for c in (self.total, self.by_dtype[rec["dtype"]], self.by_kind[rec["kind"]], self.by_variant[label]):
             c["cases"] += 1
             c[st] += 1
@@ -946,7 +1084,7 @@ class Aggregator:
             o["stride_notes"] += 1
             if len(o.setdefault("stride_examples", [])) < 2:
                 o["stride_examples"].append(f"{rec['dtype']} {label}: " + rec["notes"][0])
-        short = {k: rec.get(k) for k in ("dtype", "kind", "variant", "src", "idx", "sample", "msg")}
+        short = {k: rec.get(k) for k in ("dtype", "kind", "variant", "layout", "src", "idx", "sample", "msg")}
         if st == "failed":
             if o["first_failure"] is None:
                 o["first_failure"] = short
@@ -1038,8 +1176,8 @@ def _worker_main(conn, opts, phase=None):
 
     runner = OpRunner(opts, emit=lambda rec: conn.send(("case", rec)), on_phase=on_phase,
                       on_start=lambda rec: conn.send(("start", {k: rec.get(k) for k in
-                                                                ("op", "dtype", "kind", "variant", "src", "idx",
-                                                                 "seq")})))
+                                                                ("op", "dtype", "kind", "variant", "layout", "src",
+                                                                 "idx", "seq")})))
     while True:
         conn.send(("ready", None))
         msg = conn.recv()
@@ -1163,7 +1301,7 @@ def run_sweep(opts, log=lambda *a: print(*a, flush=True)):
             why = why + " in the CPU reference"
         rec = dict(c, status="cpu_failed" if in_cpu else "failed", msg=f"{why} during this case", notes=[])
         agg.add(rec)
-        crashed.append(f"{name}: {why} in {c.get('dtype')} {case_kind_label(c.get('kind'), c.get('variant'))}"
+        crashed.append(f"{name}: {why} in {c.get('dtype')} {case_kind_label(c.get('kind'), c.get('variant'), c.get('layout'))}"
                        f" {c.get('src')} #{c.get('idx')}")
         log(f"  !! {name}: {why} ({c.get('dtype')} {c.get('kind')} {c.get('variant')} {c.get('src')} #{c.get('idx')})")
         resume_or_finish(w, why, c.get("seq"))
@@ -1348,7 +1486,7 @@ def write_markdown(res, path, command=None):
         for n, o in failing:
             ff = o["first_failure"] or {}
             where = ", ".join(o["failing"][:6]) + (f" (+{len(o['failing']) - 6})" if len(o["failing"]) > 6 else "")
-            msg = f"[{ff.get('dtype')} {case_kind_label(ff.get('kind'), ff.get('variant'))} #{ff.get('idx')}] " \
+            msg = f"[{ff.get('dtype')} {case_kind_label(ff.get('kind'), ff.get('variant'), ff.get('layout'))} #{ff.get('idx')}] " \
                   + _short(ff.get("msg", ""), 150)
             L.append(f"| `{n}` | {o['failed']}/{o['cases']} | {_md_escape(where)} | {_md_escape(msg)} |")
     else:
@@ -1430,6 +1568,13 @@ def build_parser():
     p.add_argument("--no-errors", action="store_true", help="skip error_inputs cases")
     p.add_argument("--no-inplace", action="store_true", help="skip in-place variants")
     p.add_argument("--no-out", action="store_true", help="skip out= variants")
+    p.add_argument("--no-stride-check", action="store_true",
+                   help="report output strides that differ from CPU's as notes instead of failures")
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help=f"layout variants of every sample besides the sample as given (comma-separated, from "
+                        f"{','.join(LAYOUTS)}; 'none' for none); default: all")
+    p.add_argument("--layout-dtypes", default=None,
+                   help="run the layout variants for these dtypes only (comma-separated); default: every dtype")
     p.add_argument("--json", help="write the result JSON here (rewritten every minute while running)")
     p.add_argument("--markdown", help="write the markdown report here")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (spawn); 0 = in-process, no crash guard")
@@ -1454,8 +1599,13 @@ def opts_from_args(a):
     if bad:
         raise SystemExit(f"unknown dtypes {bad}; choose from {DTYPE_NAMES}")
     threads = a.threads if a.threads is not None else (1 if a.jobs > 1 else None)
+    layouts = [x.strip() for x in a.layouts.split(",") if x.strip() and x.strip() != "none"]
+    bad = [x for x in layouts if x not in LAYOUTS]
+    if bad:
+        raise SystemExit(f"unknown layouts {bad}; choose from {LAYOUTS}")
+    layout_dtypes = [d.strip() for d in a.layout_dtypes.split(",") if d.strip()] if a.layout_dtypes else None
     return dict(ops=a.ops, dtypes=dtypes, no_grad=a.no_grad, no_errors=a.no_errors, no_inplace=a.no_inplace,
-                no_out=a.no_out, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
+                no_out=a.no_out, stride_check=not a.no_stride_check, layouts=layouts, layout_dtypes=layout_dtypes, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
                 limit_errors=a.limit_errors, timeout=a.timeout, max_minutes=a.max_minutes, verbose=a.verbose)
 
 
