@@ -1,5 +1,7 @@
 #include "VNPUCachingAllocator.h"
 
+#include <c10/core/impl/COW.h>
+
 #include "VNPUException.h"
 #include "VNPUFunctions.h"
 
@@ -118,6 +120,14 @@ class DeviceCachingAllocator {
       return;
     }
     free_block(block);
+  }
+
+  // Frees the block that starts at `ptr` (the DataPtr's deleter).
+  void free_ptr(void* ptr) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto it = active_.find(ptr);
+    TORCH_INTERNAL_ASSERT(it != active_.end(), "vnpu caching allocator: freeing an unknown pointer ", ptr);
+    free(it->second);
   }
 
   void record_stream(void* ptr, vnpuStream_t stream) {
@@ -346,9 +356,14 @@ DeviceCachingAllocator& device_allocator(DeviceIndex d) {
   return *(*all)[d];
 }
 
-void delete_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  device_allocator(b->device).free(b);
+// The DataPtr's context is its data pointer, as CUDA's caching allocator does:
+// storages with such "simple" DataPtrs can be lazily cloned (copy-on-write,
+// torch._lazy_clone), which wraps the DataPtr and calls this deleter later.
+void delete_block(void* ptr) {
+  vnpuPointerAttributes attr{};
+  VNPU_CHECK(vnpuPointerGetAttributes(&attr, ptr));
+  TORCH_INTERNAL_ASSERT(attr.type == vnpuMemoryTypeDevice && attr.device >= 0);
+  device_allocator(static_cast<DeviceIndex>(attr.device)).free_ptr(ptr);
 }
 
 // Tensors may die during interpreter shutdown: the allocator is intentionally
@@ -360,7 +375,7 @@ class VNPUAllocator final : public c10::DeviceAllocator {
     Device device(DeviceType::PrivateUse1, d);
     if (n == 0) return DataPtr(nullptr, device);
     Block* b = device_allocator(d).malloc(n, getCurrentVNPUStream(d).stream());
-    return DataPtr(b->ptr, b, &delete_block, device);
+    return DataPtr(b->ptr, b->ptr, &delete_block, device);
   }
   DeleterFnPtr raw_deleter() const override { return &delete_block; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -393,9 +408,10 @@ VNPUAllocator* g_allocator = new VNPUAllocator();
 c10::DeviceAllocator* get() { return g_allocator; }
 
 void recordStream(const DataPtr& ptr, VNPUStream stream) {
-  if (ptr.get() == nullptr || ptr.get_deleter() != &delete_block) return;
-  auto* b = static_cast<Block*>(ptr.get_context());
-  device_allocator(b->device).record_stream(ptr.get(), stream.stream());
+  // A copy-on-write DataPtr (torch._lazy_clone) wraps the allocator's: record on the block all the same.
+  if (ptr.get() == nullptr || ptr.device().type() != DeviceType::PrivateUse1) return;
+  if (ptr.get_deleter() != &delete_block && !c10::impl::cow::is_cow_data_ptr(ptr)) return;
+  device_allocator(ptr.device().index()).record_stream(ptr.get(), stream.stream());
 }
 
 void emptyCache() {

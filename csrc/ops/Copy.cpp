@@ -67,7 +67,7 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentVNPUStream(dst.device().index());
   if (same_dense_layout(dst, src)) {
-    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
+    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
                                stream.stream()));
     // The runtime copies from pinned memory asynchronously. A blocking copy returns with the source free
     // to reuse or modify (as CUDA's copy_, which synchronizes the stream); a non_blocking one keeps the
@@ -99,7 +99,7 @@ void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(src.device());
   auto stream = getCurrentVNPUStream(src.device().index());
   if (same_dense_layout(dst, src)) {
-    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToHost,
+    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToHost,
                                stream.stream()));
     if (dst.is_pinned()) {
       if (non_blocking) record_pinned(dst, stream);
@@ -112,7 +112,7 @@ void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
   Tensor tmp_dst = tmp;
   device_to_device(tmp_dst, src);
   Tensor host = at::empty(dst.sizes(), dst.options().device(kCPU).pinned_memory(false));
-  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), tmp.data_ptr(), span_bytes(tmp), vnpuMemcpyDeviceToHost,
+  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), tmp.const_data_ptr(), span_bytes(tmp), vnpuMemcpyDeviceToHost,
                              stream.stream()));
   dst.copy_(host);
 }
@@ -133,6 +133,7 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
     if (src_dev) at::assert_no_partial_overlap(dst, src);
   }
   Tensor s = src.expand_as(dst);  // broadcasting rules and errors of copy_
+  materialize_for_write(dst);     // Note [Copy-on-write storages]
   if (dst_dev && src_dev) device_to_device(dst, s);
   else if (dst_dev) host_to_device(dst, s, non_blocking);
   else device_to_host(dst, s, non_blocking);
@@ -148,7 +149,7 @@ Scalar local_scalar_dense(const Tensor& self) {
   auto stream = getCurrentVNPUStream(self.device().index());
   Tensor one = self.reshape({});
   if (one.is_conj() || one.is_neg()) one = one.resolve_conj().resolve_neg();
-  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), one.data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
+  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), one.const_data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
                              stream.stream()));
   flush_worker_warnings();
   return at::_local_scalar_dense(host);

@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/COW.h>
 #include <ATen/EmptyTensor.h>
 
 #include <cstring>
@@ -41,6 +42,12 @@ TensorSpec spec_of(const Tensor& t) {
   s.neg = t.is_neg();
   s.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
   return s;
+}
+
+void materialize_for_write(const Tensor& t) {
+  if (!t.defined() || t.is_cpu() || !t.has_storage()) return;
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  if (c10::impl::cow::is_cow_data_ptr(st->data_ptr())) st->mutable_data_ptr();  // materialises
 }
 
 Tensor AliasContext::make(const TensorSpec& spec) {

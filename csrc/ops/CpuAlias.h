@@ -32,6 +32,15 @@ struct TensorSpec {
 // Snapshot of `t` (vnpu tensor, CPU 0-dim tensor, or undefined).
 TensorSpec spec_of(const Tensor& t);
 
+// Note [Copy-on-write storages]
+// torch._lazy_clone shares device memory between storages until one is
+// written. CPU kernels materialise a shared storage when they take its
+// mutable data pointer, but aliases of device memory are storages of their
+// own, so a task that writes `t` must first give it memory of its own: this
+// copies the shared data (in stream order, see the allocator's copy_data)
+// when t's storage is copy-on-write. Call it on the calling thread.
+void materialize_for_write(const Tensor& t);
+
 class AliasContext {
  public:
   // resizable: kernels may grow the aliases' storages (into fresh host memory,

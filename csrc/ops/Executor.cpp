@@ -2,6 +2,8 @@
 
 #include "CpuAlias.h"
 #include "HostOpenMP.h"
+#include "Interrupts.h"
+#include "OpPolicies.h"
 #include "OpStats.h"
 #include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
@@ -17,11 +19,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
 
 #include <atomic>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -166,6 +170,8 @@ struct OpInfo {
   bool any_mutable = false;
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
   bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
+  bool meta_lacks_checks = false;           // Note [Checks Meta kernels lack]
+  int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -195,23 +201,6 @@ std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& 
     if (ok && h->hasComputedKernelForDispatchKey(DispatchKey::CPU)) return h;
   }
   return std::nullopt;
-}
-
-// Note [out= kernels that read their outputs]
-// vnpu runs a functional op through its out= overload, writing straight into
-// the planned outputs. That is only right if the out= kernel computes what the
-// functional kernel computes. CPU's batch_norm_cpu_out does not for
-// non-contiguous inputs in training: it takes the mean from `save_mean`, which
-// the functional batch_norm_cpu fills (at::mean) before calling it, so a direct
-// out= call reads an uninitialised mean (found by the layout variants of the
-// OpInfo sweep; CPU itself gives the same wrong values when called with out=).
-// For these ops an input that is not contiguous runs the functional kernel
-// plus a copy.
-bool out_needs_contiguous_input(const std::string& name) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
-      "aten::_batch_norm_with_update"};
-  return ops.count(name) > 0;
 }
 
 bool is_tensor_like(const c10::TypePtr& t) {
@@ -249,9 +238,16 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   } else if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
              data_dependent_return) {
     info.path = Path::Sync;  // expected: the output depends on the data, as on CUDA
+  } else if (const char* arg = host_checks_data(info.name); arg != nullptr && *arg == '\0') {
+    info.path = Path::Sync;  // expected: CUDA synchronizes for these checks too
   } else if (!op.hasComputedKernelForDispatchKey(DispatchKey::Meta)) {
     info.path = Path::Sync;
     info.slow_reason = "no Meta kernel to infer output metadata: ran synchronously";
+  }
+  info.meta_lacks_checks = meta_lacks_checks(info.name);
+  if (const char* arg = host_checks_data(info.name); arg != nullptr && *arg != '\0') {
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == arg) info.sync_if_arg = static_cast<int>(i);
   }
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
@@ -616,12 +612,22 @@ struct MetaQuery {
 // The memory format CPU kernels pick for such an input (suggest_memory_format:
 // a tensor with size-1 dims may be contiguous in both formats) times whether
 // the tensor is dense in it, permuted, or has gaps or overlap.
+// A tensor with gaps (a slice) keeps its dims' order in TensorIterator's
+// outputs too, so for those the class also says whether the strides that
+// matter (size > 1, stride > 0) decrease, i.e. row-major order.
 int64_t layout_class(const Tensor& t) {
   const auto format = t.suggest_memory_format();
   const int64_t f = format == at::MemoryFormat::ChannelsLast ? 1 : format == at::MemoryFormat::ChannelsLast3d ? 2 : 0;
-  if (t.is_contiguous(format)) return f * 3;
-  if (t.is_non_overlapping_and_dense()) return f * 3 + 1;  // permuted, e.g. transposed
-  return f * 3 + 2;                                        // gaps or overlap (slices, expand)
+  if (t.is_contiguous(format)) return f * 4;
+  if (t.is_non_overlapping_and_dense()) return f * 4 + 1;  // permuted, e.g. transposed
+  int64_t last = std::numeric_limits<int64_t>::max();
+  bool row_major = true;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) <= 1 || t.stride(d) == 0) continue;
+    row_major &= t.stride(d) <= last;
+    last = t.stride(d);
+  }
+  return f * 4 + (row_major ? 2 : 3);  // gaps or overlap (slices, expand)
 }
 
 // The key of Note [Meta kernels are checked against CPU]: dtype, device, rank
@@ -671,10 +677,14 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
     auto kind = schema.arguments()[i].type()->kind();
     if (kind == c10::TypeKind::OptionalType)
       kind = schema.arguments()[i].type()->cast<c10::OptionalType>()->getElementType()->kind();
-    bool by_type_only = !info.any_mutable && (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::NumberType ||
-                                              kind == c10::TypeKind::ComplexType);
+    bool by_type_only = !info.any_mutable && !info.meta_lacks_checks &&
+                        (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::NumberType ||
+                         kind == c10::TypeKind::ComplexType);
     key.value(args[i], !by_type_only);
   }
+  // Output dtypes of some ops follow the default dtype (true division of
+  // integers, factories): a set_default_dtype() must not hit stale entries.
+  key.k.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   MetaQuery q;
   q.cacheable = key.ok;
   q.signature = dtype_signature(args);
@@ -705,6 +715,7 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   try {
     op.redispatchBoxed(DispatchKeySet(DispatchKey::Meta), &meta);
   } catch (const std::exception& e) {
+    if (is_interrupt(e)) throw;  // Note [Interrupts are not failures]
     // Either the inputs are invalid (the CPU kernel, run synchronously, then
     // raises CPU's own exception) or the Meta kernel cannot handle them, e.g.
     // boolean-mask indexing whose output size depends on the data.
@@ -748,7 +759,7 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   }
   // Only ATen's own ops are checked: custom ops have no other source of truth
   // than their registered fake/Meta kernel (and may block or have effects).
-  if ((state == 0 || restrides) && info.name.rfind("aten::", 0) == 0) {
+  if ((state == 0 || restrides || info.meta_lacks_checks) && info.name.rfind("aten::", 0) == 0) {
     q.mode = MetaMode::Validate;
     return q;
   }
@@ -832,14 +843,39 @@ Stack standin_stack(const c10::OperatorHandle& op, ArrayRef<IValue> args) {
   return s;
 }
 
+// Note [Stand-ins are small]: stand-in CPU inputs cost host memory and time
+// in proportion to the inputs (a 1 GiB index_select would cost +1 GiB of host
+// memory and ~1 s on its first call). Above this many bytes of input storage
+// the check runs the real op synchronously on aliases of device memory
+// instead: no extra memory, the op's own time plus a stream sync, once per
+// signature.
+constexpr size_t kStandinBytesLimit = 8u << 20;
+
+size_t standin_bytes(ArrayRef<IValue> args) {
+  std::unordered_set<const c10::StorageImpl*> seen;
+  size_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && !t.device().is_cpu() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      total += t.storage().nbytes();
+  };
+  for (const auto& a : args) {
+    if (a.isTensor()) add(a.toTensor());
+    else if (a.isTensorList()) for (const Tensor t : a.toTensorList()) add(t);
+    else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor());
+  }
+  return total;
+}
+
 // Output metadata of the CPU kernel on stand-in CPU inputs; nullptr if that
-// run raises.
+// run raises or the inputs are too large for stand-ins.
 std::shared_ptr<MetaResult> standin_meta(const c10::OperatorHandle& op, const OpInfo& info, ArrayRef<IValue> args) {
+  if (standin_bytes(args) > kStandinBytesLimit) return nullptr;  // Note [Stand-ins are small]
   Stack s = standin_stack(op, args);
   std::vector<IValue> inputs(s.begin(), s.end());
   try {
     op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    if (is_interrupt(e)) throw;  // Note [Interrupts are not failures]
     return nullptr;
   }
   return observed_meta(info, ArrayRef<IValue>(s.data(), op.schema().returns().size()), inputs);
@@ -853,12 +889,16 @@ void raise_overlap_errors_like_cpu(const c10::OperatorHandle& op, const OpInfo& 
     std::lock_guard<std::mutex> g(info.meta_cache->mu);
     if (info.meta_cache->overlap_ok.count(pattern)) return;  // e.g. x.mul_(y) as mul.out(x, y, out=x)
   }
+  // Note [Stand-ins are small]: above the limit the kernel's own check raises
+  // the error on the stream (at the next synchronization).
+  if (standin_bytes(args) > kStandinBytesLimit) return;
   Stack s = standin_stack(op, args);
   try {
     op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
   } catch (const c10::Error& e) {
     if (std::string_view(e.what()).find("unsupported operation:") != std::string_view::npos) throw;
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    if (is_interrupt(e)) throw;  // Note [Interrupts are not failures]
     // other failures of the stand-in run say nothing about the real inputs
   }
   std::lock_guard<std::mutex> g(info.meta_cache->mu);
@@ -911,6 +951,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // Likewise an index argument of a non-integer dtype: Meta kernels do not all
   // check it, CPU's raises at the call. An empty out=/in-place argument is not
   // an empty input: composites call `op.out(empty(0), ...)` all the time.
+  if (info.sync_if_arg >= 0 && !args[info.sync_if_arg].isNone()) return run_sync(op, info, stack, dev);
   for (size_t i = 0; i < n; ++i) {
     if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
@@ -1201,6 +1242,13 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
                   Device(kVNPU, dev), " and cpu! (argument '", op.schema().arguments()[i].name(),
                   "' is written by ", info.name, "; pass a vnpu tensor)");
+  }
+  if (info.any_mutable && info.path != Path::InplaceView) {
+    for (size_t i = 0; i < n; ++i) {  // Note [Copy-on-write storages]
+      if (!info.mutable_arg[i]) continue;
+      if (args_in[i].isTensor()) materialize_for_write(args_in[i].toTensor());
+      else if (args_in[i].isTensorList()) for (const Tensor t : args_in[i].toTensorList()) materialize_for_write(t);
+    }
   }
   c10::DeviceGuard guard(Device(kVNPU, dev));
   info.calls.fetch_add(1, std::memory_order_relaxed);

@@ -5,7 +5,10 @@
 #include "../core/VNPUStream.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_cpu_dispatch.h>
@@ -33,6 +36,12 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes, bool exact
 
 namespace {
 
+// torch.use_deterministic_algorithms(True) with fill_uninitialized_memory (the
+// default): new memory holds NaN / the integer maximum, as on CPU and CUDA.
+bool fill_uninitialized_memory() {
+  return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
 Tensor empty_memory_format(IntArrayRef size, std::optional<ScalarType> dtype, std::optional<Layout> layout,
                            std::optional<Device> device, std::optional<bool> pin_memory,
                            std::optional<MemoryFormat> memory_format) {
@@ -41,8 +50,10 @@ Tensor empty_memory_format(IntArrayRef size, std::optional<ScalarType> dtype, st
               "vnpu supports only strided tensors, but got layout ", c10::layout_or_default(layout));
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(d);
-  return at::detail::empty_generic(size, c10::vnpu::allocator::get(), DispatchKeySet(DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  Tensor t = at::detail::empty_generic(size, c10::vnpu::allocator::get(), DispatchKeySet(DispatchKey::PrivateUse1),
+                                       c10::dtype_or_default(dtype), memory_format);
+  if (fill_uninitialized_memory()) at::native::fill_empty_deterministic_(t);
+  return t;
 }
 
 Tensor empty_strided(IntArrayRef size, IntArrayRef stride, std::optional<ScalarType> dtype,
@@ -52,8 +63,10 @@ Tensor empty_strided(IntArrayRef size, IntArrayRef stride, std::optional<ScalarT
               "vnpu supports only strided tensors, but got layout ", c10::layout_or_default(layout));
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(d);
-  return at::detail::empty_strided_generic(size, stride, c10::vnpu::allocator::get(),
-                                           DispatchKeySet(DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+  Tensor t = at::detail::empty_strided_generic(size, stride, c10::vnpu::allocator::get(),
+                                               DispatchKeySet(DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+  if (fill_uninitialized_memory()) at::native::fill_empty_deterministic_(t);
+  return t;
 }
 
 const Tensor& resize_(const Tensor& self, c10::SymIntArrayRef size, std::optional<MemoryFormat> memory_format) {
@@ -69,7 +82,9 @@ const Tensor& resize_(const Tensor& self, c10::SymIntArrayRef size, std::optiona
   }
   size_t need = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), self.dtype().itemsize(),
                                                  impl->storage_offset());
+  const int64_t old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   if (self.numel() > 0) resize_storage_bytes(self.storage(), need);
+  if (fill_uninitialized_memory()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 

@@ -8,12 +8,14 @@
 #include "../core/VNPUStream.h"
 #include "../ops/Executor.h"
 #include "../ops/HostOpenMP.h"
+#include "../ops/Interrupts.h"
 #include "../ops/OpStats.h"
 #include "../ops/WorkerWarnings.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 
 #include <vnpu/runtime.h>
@@ -98,6 +100,21 @@ py::list snapshot_segments() {
   return out;
 }
 
+// See Note [Interrupts are not failures]: a Python exception that is a
+// BaseException but not an Exception (KeyboardInterrupt, SystemExit).
+// Python kernels (Meta kernels registered from Python) raise pybind11's
+// error_already_set; torch's own bindings raise python_error.
+bool is_python_interrupt(const std::exception& e) {
+  PyObject* type = nullptr;
+  if (const auto* pe = dynamic_cast<const python_error*>(&e)) type = pe->type;
+  const auto* pb = dynamic_cast<const py::error_already_set*>(&e);
+  if (type == nullptr && pb == nullptr) return false;
+  py::gil_scoped_acquire gil;
+  if (pb != nullptr) type = pb->type().ptr();
+  return type != nullptr && PyType_Check(type) &&
+         !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), reinterpret_cast<PyTypeObject*>(PyExc_Exception));
+}
+
 py::tuple stream_tuple(const c10::vnpu::VNPUStream& s) {
   return py::make_tuple(s.id(), s.device_index(), static_cast<int64_t>(s.device().type()));
 }
@@ -110,6 +127,7 @@ PYBIND11_MODULE(_C, m) {
   at::vnpu::register_cpu_kernel_overrides();
   at::vnpu::register_sparse_kernel_overrides();
   at::vnpu::release_openmp_pool_when_workers_idle();
+  at::vnpu::set_interrupt_test(&is_python_interrupt);
 
   m.def("_device_count", &c10::vnpu::device_count);
   m.def("_current_device", &c10::vnpu::current_device);
