@@ -883,6 +883,8 @@ class OpRunner:
         layouts = self.opts.get("layouts") or []
         if self.opts.get("layout_dtypes") and dn not in self.opts["layout_dtypes"]:
             return
+        if self.opts.get("layout_limit") is not None and i >= self.opts["layout_limit"]:
+            return
         for layout in layouts:
             self.set_phase("vnpu")
             try:
@@ -1456,12 +1458,17 @@ def write_markdown(res, path, command=None):
              "on CPU too is `cpu_failed` and not counted against vnpu. Samples are generated on vnpu as PyTorch's "
              "device tests generate them on CUDA (tensors an OpInfo creates without a device, e.g. index "
              "tensors, stay on CPU). Random ops (the CPU call draws from the CPU generator) and ops with "
-             "uninitialized outputs are compared by dtype/shape/device only.\n")
+             "uninitialized outputs are compared by dtype/shape/device only. Kinds ending in `@<layout>` ran the sample "
+             "with its tensors in another memory layout (non-contiguous, transposed, expanded, storage offset, "
+             "channels-last: `LAYOUTS`); output strides must equal CPU's; a case where CPU's result for the layout "
+             "differs from its result for contiguous copies of the same inputs is `cpu_failed` (a CPU kernel bug).\n")
     fl = m.get("flags", {})
     L.append(f"- torch {m.get('torch')}, {m.get('ops_completed')}/{m.get('ops_selected')} OpInfos completed, "
              f"run {m.get('started')}, {m.get('duration_s', 0) / 60:.1f} min with {fl.get('jobs')} worker(s)"
              + (f", at most {fl.get('limit_samples')} sample + {fl.get('limit_samples')} reference inputs per op and dtype"
-                if fl.get("limit_samples") else ", all sample and reference inputs"))
+                if fl.get("limit_samples") else ", all sample and reference inputs")
+             + (f"; layout variants {', '.join(fl['layouts'])}" if fl.get("layouts") else "; no layout variants")
+             + (f" of the first {fl['layout_limit']} of each" if fl.get("layout_limit") is not None else ""))
     if command:
         L.append(f"- command: `{command}`")
     if m.get("ops_not_run"):
@@ -1589,6 +1596,8 @@ def build_parser():
     p.add_argument("--layouts", default=",".join(LAYOUTS),
                    help=f"layout variants of every sample besides the sample as given (comma-separated, from "
                         f"{','.join(LAYOUTS)}; 'none' for none); default: all")
+    p.add_argument("--layout-limit", type=int, default=None,
+                   help="layout variants of the first N sample inputs and N reference inputs only (per op and dtype)")
     p.add_argument("--layout-dtypes", default=None,
                    help="run the layout variants for these dtypes only (comma-separated); default: every dtype")
     p.add_argument("--json", help="write the result JSON here (rewritten every minute while running)")
@@ -1621,7 +1630,7 @@ def opts_from_args(a):
         raise SystemExit(f"unknown layouts {bad}; choose from {LAYOUTS}")
     layout_dtypes = [d.strip() for d in a.layout_dtypes.split(",") if d.strip()] if a.layout_dtypes else None
     return dict(ops=a.ops, dtypes=dtypes, no_grad=a.no_grad, no_errors=a.no_errors, no_inplace=a.no_inplace,
-                no_out=a.no_out, stride_check=not a.no_stride_check, layouts=layouts, layout_dtypes=layout_dtypes, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
+                no_out=a.no_out, stride_check=not a.no_stride_check, layouts=layouts, layout_dtypes=layout_dtypes, layout_limit=a.layout_limit, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
                 limit_errors=a.limit_errors, timeout=a.timeout, max_minutes=a.max_minutes, verbose=a.verbose)
 
 
