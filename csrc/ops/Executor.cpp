@@ -180,11 +180,29 @@ bool same_type(const c10::Argument& a, const c10::Argument& b) {
   return *a.type() == *b.type();
 }
 
+// Overload names per operator name, for find_out_overload (out= overloads are
+// not named after their functional overload: mul.Tensor's is mul.out,
+// sum.dim_IntList's sum.IntList_out, nll_loss_forward's .output).
+const std::vector<std::string>& overloads_of(const std::string& name) {
+  static std::mutex mu;  // guards index
+  static std::unordered_map<std::string, std::vector<std::string>> index;
+  std::lock_guard<std::mutex> g(mu);
+  if (index.empty()) {
+    for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) index[op.name].push_back(op.overload_name);
+  }
+  static const std::vector<std::string> none;
+  auto it = index.find(name);
+  return it == index.end() ? none : it->second;
+}
+
 // The `out=` overload whose leading arguments are exactly `schema`'s and whose
 // trailing keyword-only mutable arguments match its returns.
 std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& schema) {
   const auto& ov = schema.overload_name();
-  for (const std::string& cand : {ov.empty() ? std::string("out") : ov + "_out", ov + "out"}) {
+  std::vector<std::string> candidates = {ov.empty() ? std::string("out") : ov + "_out", ov + "out"};
+  for (const auto& o : overloads_of(schema.name()))
+    if (o != ov && o != candidates[0] && o != candidates[1]) candidates.push_back(o);
+  for (const std::string& cand : candidates) {
     auto h = c10::Dispatcher::singleton().findSchema({schema.name(), cand});
     if (!h) continue;
     const auto& os = h->schema();
