@@ -26,12 +26,10 @@ from torch._inductor.utils import clear_on_fresh_cache
 # Leading parameters of every vnpu kernel binding (see the module docstring).
 LAUNCH_ARG_TYPES = ["VnpuKernelName", "int64_t"]
 
-# C++ appended to the binding (a str.format template: braces are doubled).
+# C++ appended to the binding (a str.format template: braces are doubled). The arguments travel in a
+# plain struct generated per kernel (_args_struct): a std::tuple of a foreach kernel's ~150 arguments made
+# gcc -O3 take over 15 minutes.
 _LAUNCH_SUPPORT = r"""
-#include <tuple>
-#include <type_traits>
-#include <utility>
-
 struct VnpuKernelName {{ const char* s; }};
 template <> inline VnpuKernelName parse_arg<VnpuKernelName>(PyObject* args, size_t n) {{
     const char* s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(args, n));
@@ -42,25 +40,29 @@ template <> inline VnpuKernelName parse_arg<VnpuKernelName>(PyObject* args, size
 // torch_vnpu._C._inductor_launch: at::vnpu::inductor_launch (KernelLaunch.h).
 using vnpu_launch_fn = int (*)(const char*, long, void (*)(void*), void*, void (*)(void*));
 
-template <typename Args> static void vnpu_run(void* p) {{
-    std::apply([](VnpuKernelName, int64_t, auto... a) {{ kernel(a...); }}, *static_cast<Args*>(p));
-}}
-template <typename Args> static void vnpu_destroy(void* p) {{ delete static_cast<Args*>(p); }}
-
-template <typename Args> static PyObject* vnpu_launch(Args&& parsed) {{
+template <typename... A> static PyObject* vnpu_launch(VnpuKernelName name, int64_t device, A... a) {{
     static vnpu_launch_fn launch = nullptr;
     if (!launch) {{
         launch = reinterpret_cast<vnpu_launch_fn>(PyCapsule_Import("torch_vnpu._C._inductor_launch", 0));
         if (!launch) return nullptr;
     }}
-    using A = std::decay_t<Args>;
-    auto* args = new A(std::move(parsed));
     // inductor_launch owns `args` from here on, also when it fails.
-    if (launch(std::get<0>(*args).s, static_cast<long>(std::get<1>(*args)), &vnpu_run<A>, args, &vnpu_destroy<A>) != 0)
-        return nullptr;
+    auto* args = new VnpuKernelArgs{{a...}};
+    if (launch(name.s, static_cast<long>(device), &vnpu_run, args, &vnpu_destroy) != 0) return nullptr;
     Py_RETURN_NONE;
 }}
 """
+
+
+def _args_struct(argtypes: Sequence[str]) -> str:
+    """C++ appended to the kernel's source: its arguments as a struct, and the functions that run and free it."""
+    members = "".join(f"    {t.replace('const ', '')} a{i};\n" for i, t in enumerate(argtypes))
+    call = ", ".join(f"a->a{i}" for i in range(len(argtypes)))
+    return (
+        f"\nstruct VnpuKernelArgs {{\n{members}}};\n"
+        f"static void vnpu_run(void* p) {{ const auto* a = static_cast<VnpuKernelArgs*>(p); kernel({call}); }}\n"
+        "static void vnpu_destroy(void* p) { delete static_cast<VnpuKernelArgs*>(p); }\n"
+    )
 
 
 @clear_on_fresh_cache
@@ -68,7 +70,7 @@ class VnpuCppPythonBindingsCodeCache(CppPythonBindingsCodeCache):
     """Inductor's C++ binding cache with a stream launch instead of a direct call."""
 
     cache: dict[str, Any] = {}
-    call_entry_function = "return vnpu_launch(std::make_tuple({}));"
+    call_entry_function = "return vnpu_launch({});"
     extra_parse_arg = _LAUNCH_SUPPORT
 
     @staticmethod
@@ -83,6 +85,7 @@ def cpp_pybinding(async_compile: AsyncCompile, argtypes: Sequence[str], source_c
     Returns the callable, or a future that ``async_compile.wait`` resolves when
     Inductor compiles in parallel (as ``AsyncCompile.cpp_pybinding``).
     """
+    source_code += _args_struct(argtypes)
     argtypes = [*LAUNCH_ARG_TYPES, *argtypes]
     if get_compile_threads() <= 1:
         return VnpuCppPythonBindingsCodeCache.load_pybinding(argtypes, source_code)

@@ -63,8 +63,9 @@ class VnpuPythonWrapperCodegen(_VnpuKernelCalls, PythonWrapperCodegen):
             return VnpuSubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         if config.triton.cudagraphs:
             warnings.warn(
-                "torch.compile(mode='reduce-overhead') on vnpu: vnpu has no CUDA graphs, so the graph runs as with "
-                "mode='default' (its kernels are launched one by one on the current vnpu stream)",
+                "CUDA graphs (torch.compile mode='reduce-overhead' or 'max-autotune') do not exist on vnpu: the "
+                "graph runs without them, as with mode='max-autotune-no-cudagraphs' or 'default' (each kernel is "
+                "launched on the current vnpu stream)",
                 UserWarning,
             )
         return VnpuPythonWrapperCodegen()
