@@ -192,8 +192,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_extra_copy_ops", &at::vnpu::extra_copy_ops);
   m.def("_reset_op_stats", &at::vnpu::reset_op_stats);
 
-  // torch.compile: the launch entry point of Inductor's generated kernel bindings
+  // torch.compile: the C ABI of Inductor's generated vnpu kernel bindings
   // (Note [Compiled kernels on the stream]), as a capsule for PyCapsule_Import.
-  m.attr("_inductor_launch") = py::capsule(reinterpret_cast<void*>(at::vnpu::InductorLaunchFn(&at::vnpu::inductor_launch)),
-                                           "torch_vnpu._C._inductor_launch");
+  m.attr("_inductor_launch_api") = py::capsule(static_cast<const void*>(at::vnpu::inductor_launch_api()),
+                                               "torch_vnpu._C._inductor_launch_api");
 }

@@ -37,31 +37,69 @@ template <> inline VnpuKernelName parse_arg<VnpuKernelName>(PyObject* args, size
     return VnpuKernelName{{s}};
 }}
 
-// torch_vnpu._C._inductor_launch: at::vnpu::inductor_launch (KernelLaunch.h).
-using vnpu_launch_fn = int (*)(const char*, long, void (*)(void*), void*, void (*)(void*));
+// torch_vnpu._C._inductor_launch_api: at::vnpu::InductorLaunchApi (csrc/inductor/KernelLaunch.h).
+struct VnpuLaunchApi {{
+    int version;
+    int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
+    int (*host_scalar)(PyObject*, void*, size_t);
+}};
 
-template <typename... A> static PyObject* vnpu_launch(VnpuKernelName name, int64_t device, A... a) {{
-    static vnpu_launch_fn launch = nullptr;
-    if (!launch) {{
-        launch = reinterpret_cast<vnpu_launch_fn>(PyCapsule_Import("torch_vnpu._C._inductor_launch", 0));
-        if (!launch) return nullptr;
+static const VnpuLaunchApi* vnpu_launch_api() {{
+    static const VnpuLaunchApi* api = nullptr;
+    if (!api) {{
+        auto* found = static_cast<const VnpuLaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
+        if (found && found->version != 1) {{
+            PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu kernel was built for another torch_vnpu version");
+            return nullptr;
+        }}
+        api = found;
     }}
-    // inductor_launch owns `args` from here on, also when it fails.
+    return api;
+}}
+
+template <typename... A> static PyObject* vnpu_launch(PyObject* pyargs, VnpuKernelName name, int64_t device, A... a) {{
+    const VnpuLaunchApi* api = vnpu_launch_api();
+    if (!api) return nullptr;
     auto* args = new VnpuKernelArgs{{a...}};
-    if (launch(name.s, static_cast<long>(device), &vnpu_run, args, &vnpu_destroy) != 0) return nullptr;
+    if (vnpu_capture_host_scalars(args, pyargs, api->host_scalar) != 0) {{
+        delete args;
+        return nullptr;
+    }}
+    // The launch owns `args` from here on, also when it fails.
+    if (api->launch(name.s, static_cast<long>(device), &vnpu_run, args, &vnpu_destroy) != 0) return nullptr;
     Py_RETURN_NONE;
 }}
 """
 
+# Bytes kept per pointer argument for a host scalar (Note [Host scalars in vnpu kernels] in
+# csrc/inductor/KernelLaunch.h): the largest dtype, complex128.
+_HOST_SCALAR_BYTES = 16
+
 
 def _args_struct(argtypes: Sequence[str]) -> str:
-    """C++ appended to the kernel's source: its arguments as a struct, and the functions that run and free it."""
-    members = "".join(f"    {t.replace('const ', '')} a{i};\n" for i, t in enumerate(argtypes))
-    call = ", ".join(f"a->a{i}" for i in range(len(argtypes)))
+    """C++ appended to the kernel's source: its arguments as a struct, and the functions that fill, run and free it.
+
+    Pointer arguments that turn out to be CPU scalars at launch point into the struct's own copy of the value.
+    """
+    types = [t.replace("const ", "") for t in argtypes]
+    members = "".join(f"    {t} a{i};\n" for i, t in enumerate(types))
+    pointers = [i for i, t in enumerate(types) if t.endswith("*")]
+    host = f"    alignas(16) unsigned char host[{len(pointers)}][{_HOST_SCALAR_BYTES}];\n" if pointers else ""
+    capture = "".join(
+        f"    if ((r = host_scalar(PyTuple_GET_ITEM(pyargs, {i + len(LAUNCH_ARG_TYPES)}), a->host[{k}], "
+        f"{_HOST_SCALAR_BYTES})) < 0) return -1;\n"
+        f"    if (r) a->a{i} = reinterpret_cast<{types[i]}>(a->host[{k}]);\n"
+        for k, i in enumerate(pointers)
+    )
+    call = ", ".join(f"a->a{i}" for i in range(len(types)))
     return (
-        f"\nstruct VnpuKernelArgs {{\n{members}}};\n"
+        "\n#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n"
+        f"struct VnpuKernelArgs {{\n{members}{host}}};\n"
         f"static void vnpu_run(void* p) {{ const auto* a = static_cast<VnpuKernelArgs*>(p); kernel({call}); }}\n"
         "static void vnpu_destroy(void* p) { delete static_cast<VnpuKernelArgs*>(p); }\n"
+        "static int vnpu_capture_host_scalars(VnpuKernelArgs* a, PyObject* pyargs,\n"
+        "                                     int (*host_scalar)(PyObject*, void*, size_t)) {\n"
+        f"    int r = 0;\n{capture}    (void)r;\n    return 0;\n}}\n"
     )
 
 
@@ -70,7 +108,7 @@ class VnpuCppPythonBindingsCodeCache(CppPythonBindingsCodeCache):
     """Inductor's C++ binding cache with a stream launch instead of a direct call."""
 
     cache: dict[str, Any] = {}
-    call_entry_function = "return vnpu_launch({});"
+    call_entry_function = "return vnpu_launch(args, {});"
     extra_parse_arg = _LAUNCH_SUPPORT
 
     @staticmethod
