@@ -307,3 +307,15 @@ def test_custom_op_with_fake_impl_inside_a_vnpu_graph():
     out, (code,) = run_and_get_code(f, x.to("vnpu"))
     assert "vnpu_test.scaled_sin" in code and "cpp_fused" in code  # extern op between fused kernels
     torch.testing.assert_close(out.cpu(), torch.sin(torch.relu(x) * 2) * 0.5 + 1)
+
+
+def test_torch_vnpu_imported_after_inductor_registers_at_once():
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0 and Inductor already used on CPU: importing torch_vnpu then still works.
+    out = _run_python(
+        "import torch\n"
+        "torch.compile(lambda t: t * 2)(torch.ones(2))\n"
+        "import torch_vnpu\n"
+        "x = torch.randn(4, 4)\n"
+        "print(torch.allclose(torch.compile(lambda t: (t @ t).relu() + 1)(x.to('vnpu')).cpu(), (x @ x).relu() + 1))\n",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert out.strip() == "True"

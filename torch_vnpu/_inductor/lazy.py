@@ -117,4 +117,10 @@ def _hook_inductor(common: ModuleType) -> None:
 def install() -> None:
     """Installs the lazy registration (idempotent)."""
     when_imported(_DYNAMO_MODULE, _register_dynamo)
+    if _INDUCTOR_MODULE in sys.modules:
+        # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
+        # registered its backends, so register now; Inductor's modules are all importable at this point.
+        from . import register_inductor
+
+        _run(lambda _module: register_inductor(), sys.modules[_INDUCTOR_MODULE])
     when_imported(_INDUCTOR_MODULE, _hook_inductor)
