@@ -3,7 +3,9 @@
 The model, data and optimizer are those of examples/train_gpt.py (4 layers, 4 heads, width 128; batch 16,
 context 128; AdamW). One step = get_batch, copy to the device, forward, backward, optimizer step,
 zero_grad(set_to_none=True). "compiled" = torch.compile(model) (forward and backward through AOTAutograd)
-and torch.compile(opt.step), as `train_gpt.py --compile` does.
+and torch.compile(opt.step), as `train_gpt.py --compile` does. AdamW runs with foreach=True on both devices
+(vnpu's default; CPU defaults to the per-parameter loop), so compiled cpu and compiled vnpu run the same
+graphs and kernels, and their losses must be bitwise equal.
 
 Configurations, each in a process of its own (as a user's job; see benchmarks/train_step.py for why):
   eager cpu, compiled cpu (Inductor on CPU tensors), eager vnpu, compiled vnpu.
@@ -52,7 +54,9 @@ def _setup(device, compiled, args):
         torch.set_num_threads(args.threads)
     train_ids, _, vocab = train_gpt.load_corpus()
     dev = torch.device(device)
-    model, opt = train_gpt.build(argparse.Namespace(seed=args.seed, lr=args.lr), len(vocab), dev)
+    model, _ = train_gpt.build(argparse.Namespace(seed=args.seed, lr=args.lr), len(vocab), dev)
+    # foreach=True everywhere (vnpu's default, not CPU's): compiled cpu and compiled vnpu run the same graphs.
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, foreach=True)
     run_model, opt_step = (torch.compile(model), torch.compile(opt.step)) if compiled else (model, opt.step)
     gen = torch.Generator().manual_seed(args.seed)
 
