@@ -291,6 +291,22 @@ def test_fullgraph_graph_break_and_explain():
         torch.compile(g, fullgraph=True)(x.to("vnpu"))
 
 
+def test_event_recorded_inside_a_compiled_region():
+    # Dynamo captures the event; its record is a device-less node, before which the pending C++ kernel must be
+    # emitted (it read a buffer the generated code had already deleted: UnboundLocalError).
+    def g(x):
+        e = torch.vnpu.Event()
+        y = torch.relu(x) * 2
+        e.record()
+        return y + 1, e
+
+    x = torch.randn(64)
+    out, e = torch.compile(g)(x.to("vnpu"))
+    e.synchronize()
+    assert e.query()
+    torch.testing.assert_close(out.cpu(), torch.relu(x) * 2 + 1)
+
+
 @torch.library.custom_op("vnpu_test::scaled_sin", mutates_args=())
 def scaled_sin(x: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.sin(x) * scale  # runs eagerly: on vnpu, through the executor on the stream

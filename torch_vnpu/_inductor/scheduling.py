@@ -8,6 +8,7 @@ kernel runs differs (:mod:`.wrapper`, :mod:`.kernel_launch`).
 from __future__ import annotations
 
 from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.scheduler import NopKernelSchedulerNode
 
 # First line of every vnpu kernel's source. The wrapper defines kernels that carry it with the vnpu
 # binding (stream launch), and it keeps a vnpu kernel from being deduplicated with an identical CPU kernel
@@ -20,3 +21,21 @@ class VnpuScheduling(CppScheduling):
 
     def define_kernel(self, src_code, nodes, kernel_args=None):
         return super().define_kernel(f"{VNPU_KERNEL_MARK}\n{src_code}", nodes, kernel_args)
+
+    def codegen_node(self, node):
+        super().codegen_node(node)
+        # CppScheduling groups consecutive nodes into one kernel and flushes it before the next node of
+        # another device or an extern node. Device-less nodes (an event recorded inside the graph:
+        # streams.record_event) flush nothing, so the pending kernel was emitted after them, after the
+        # buffers it reads had been deleted. In graphs with such nodes, every kernel is emitted at once.
+        if self._graph_has_deviceless_ops():
+            self._set_flush_status(True)
+
+    def _graph_has_deviceless_ops(self) -> bool:
+        scheduler = self.scheduler
+        if getattr(self, "_deviceless_for", None) is not scheduler:
+            self._deviceless_for = scheduler
+            self._deviceless = any(
+                n.get_device() is None and not isinstance(n, NopKernelSchedulerNode) for n in scheduler.nodes
+            )
+        return self._deviceless
