@@ -145,12 +145,20 @@ def recompile_process(device, args, cache_dir, conn):
                "seconds": time.perf_counter() - t0})
 
 
+def receive(conn, proc):
+    """The child's next message; raises if the child died instead of answering (never waits forever)."""
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"benchmark process {proc.name} exited with code {proc.exitcode}; see its traceback above")
+    return conn.recv()
+
+
 def run_in_process(target, *args):
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=target, args=(*args, child), daemon=True)
     proc.start()
-    result = parent.recv()
+    result = receive(parent, proc)
     proc.join()
     return result
 
@@ -178,19 +186,19 @@ def main(argv=None):
         proc = ctx.Process(target=config_process, daemon=True,
                            args=(device, compiled, args, caches[device], child))
         proc.start()
-        parent.recv()
+        receive(parent, proc)
         print(f"[{label(device, compiled)}] ready", flush=True)
         procs.append(proc)
         conns.append(parent)
     for r in range(args.rounds):
-        for c in conns:
+        for c, proc in zip(conns, procs):
             c.send("round")
-            c.recv()
+            receive(c, proc)
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     results = {}
     for (device, compiled), c, proc in zip(CONFIGS, conns, procs):
         c.send("finish")
-        results[label(device, compiled)] = c.recv()
+        results[label(device, compiled)] = receive(c, proc)
         proc.join()
     warm = {d: run_in_process(warm_process, d, args, caches[d]) for d in ("cpu", "vnpu")}
     recompiles = {d: run_in_process(recompile_process, d, args, caches[d]) for d in ("cpu", "vnpu")}
@@ -218,6 +226,8 @@ def main(argv=None):
         "first_step_eager_s": {d: results[label(d, False)]["first_step_s"] for d in ("cpu", "vnpu")},
         "recompiles": recompiles,
         "compiled_losses_bitwise_equal_cpu_vnpu": losses["compiled cpu"] == losses["compiled vnpu"],
+        "max_rel_loss_diff_compiled_cpu_vs_vnpu": max(
+            abs(a - b) / abs(a) for a, b in zip(losses["compiled cpu"], losses["compiled vnpu"])),
         "max_rel_loss_diff_compiled_vs_eager_vnpu": max(
             abs(a - b) / abs(a) for a, b in zip(losses["eager vnpu"], losses["compiled vnpu"])),
         "vnpu_peak_mib": {name: r["memory"]["peak_bytes"] / 2**20 for name, r in results.items() if r["memory"]},
