@@ -46,6 +46,7 @@ test: test-runtime test-python
 bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
+	$(PY) benchmarks/compile.py --out $(OUT)/bench
 
 # Operator coverage (issue #3): the CI slice alone (also part of `make test`), and the full OpInfo sweep
 # (every sample and reference input as given, and the first 3 of each in the 5 layout variants; ~2 h on

@@ -6,12 +6,17 @@ Data: the source text of a fixed list of standard-library modules (STDLIB_FILES,
 interpreter's stdlib directory), concatenated; the first 90% is the training split, the rest validation.
 Model: 4 layers, 4 heads, width 128, context 128, dropout 0 (so cpu and vnpu runs are comparable step by step).
 
+With --compile the model (forward and backward, through AOTAutograd) and the optimizer step are compiled
+with torch.compile (Inductor): on vnpu its fused C++ kernels run on the current vnpu stream, like eager ops.
+
 Examples:
     python examples/train_gpt.py --device vnpu --steps 200 --out out/
     python examples/train_gpt.py --compare --steps 100 --out out/   # cpu and vnpu, one chart
+    python examples/train_gpt.py --device vnpu --compile --steps 200 --out out/
+    python examples/train_gpt.py --compare --compile --steps 100 --out out/   # eager and compiled vnpu
     python examples/train_gpt.py --device vnpu --resume out/vnpu/ckpt.pt --steps 50 --out out/resumed
 
-Outputs in --out (per device in --compare mode: OUT/cpu, OUT/vnpu): losses.json (per-step training
+Outputs in --out (per run in --compare mode: OUT/cpu and OUT/vnpu, or OUT/vnpu and OUT/vnpu-compiled): losses.json (per-step training
 losses, validation losses), loss.png, ckpt.pt (model + optimizer state, saved from the training device).
 """
 
@@ -118,15 +123,20 @@ def evaluate(model, data, args, device):
     gen = torch.Generator().manual_seed(1234)
     losses = []
     for _ in range(args.eval_batches):
-        x, y = get_batch(data, args.batch_size, model.cfg.block_size, gen)
+        x, y = get_batch(data, args.batch_size, GPTConfig.block_size, gen)
         losses.append(model(x.to(device), y.to(device))[1])
     return torch.stack(losses).mean().item()
 
 
-def train(args, device, out_dir):
-    """Trains on ``device``; returns {"train": [...], "val": [[step, loss], ...], "seconds": float}."""
+def train(args, device, out_dir, compile=False):
+    """Trains on ``device`` (``compile``: torch.compile the model and the optimizer step).
+
+    Returns {"train": [...], "val": [[step, loss], ...], "seconds": float, ...}.
+    """
     train_ids, val_ids, vocab = load_corpus()
     model, opt = build(args, len(vocab), device)
+    run_model, opt_step = (torch.compile(model), torch.compile(opt.step)) if compile else (model, opt.step)
+    label = f"{device}, compiled" if compile else str(device)
     start_step = 0
     if args.resume:
         ckpt = torch.load(args.resume, map_location=device)
@@ -136,30 +146,30 @@ def train(args, device, out_dir):
     gen = torch.Generator().manual_seed(args.seed + start_step)
     losses, val = [], []
     t0 = time.perf_counter()
-    bar = tqdm(range(start_step, start_step + args.steps), desc=f"train[{device}]", disable=args.quiet)
+    bar = tqdm(range(start_step, start_step + args.steps), desc=f"train[{label}]", disable=args.quiet)
     for step in bar:
         x, y = get_batch(train_ids, args.batch_size, model.cfg.block_size, gen)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        _, loss = model(x, y)
+        _, loss = run_model(x, y)
         loss.backward()
-        opt.step()
+        opt_step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         if (step + 1) % args.log_interval == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}")
         if args.eval_interval and (step + 1) % args.eval_interval == 0:
-            val.append([step + 1, evaluate(model, val_ids, args, device)])
-            print(f"[{device}] step {step + 1}: train loss {loss.item():.4f}, val loss {val[-1][1]:.4f}")
+            val.append([step + 1, evaluate(run_model, val_ids, args, device)])
+            print(f"[{label}] step {step + 1}: train loss {loss.item():.4f}, val loss {val[-1][1]:.4f}")
     train_losses = torch.stack(losses).cpu().tolist() if losses else []
     seconds = time.perf_counter() - t0
     if not val or val[-1][0] != start_step + args.steps:
-        val.append([start_step + args.steps, evaluate(model, val_ids, args, device)])
-    print(f"[{device}] done: train loss {train_losses[-1]:.4f}, val loss {val[-1][1]:.4f}, {seconds:.1f} s")
+        val.append([start_step + args.steps, evaluate(run_model, val_ids, args, device)])
+    print(f"[{label}] done: train loss {train_losses[-1]:.4f}, val loss {val[-1][1]:.4f}, {seconds:.1f} s")
     os.makedirs(out_dir, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": start_step + args.steps,
                 "vocab": vocab}, os.path.join(out_dir, "ckpt.pt"))
-    result = {"device": str(device), "train": train_losses, "val": val, "seconds": seconds,
-              "start_step": start_step}
+    result = {"device": label, "train": train_losses, "val": val, "seconds": seconds,
+              "start_step": start_step, "compiled": compile}
     with open(os.path.join(out_dir, "losses.json"), "w") as f:
         json.dump(result, f)
     return result
@@ -191,7 +201,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out")
-    p.add_argument("--compare", action="store_true", help="train on cpu and vnpu with the same seed")
+    p.add_argument("--compare", action="store_true",
+                   help="train on cpu and vnpu with the same seed (with --compile: eager and compiled, on --device)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model and the optimizer step")
     p.add_argument("--resume", default=None, help="checkpoint to resume from (loaded with map_location=device)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -202,26 +214,35 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     if not args.compare:
-        r = train(args, torch.device(args.device), args.out)
+        r = train(args, torch.device(args.device), args.out, compile=args.compile)
         plot([r], os.path.join(args.out, "loss.png"))
         if torch.device(args.device).type == "vnpu":
             print("fallback ops:", torch.vnpu.get_fallback_ops() or "none")
         return r
 
-    results = [train(args, torch.device(d), os.path.join(args.out, d)) for d in ("cpu", "vnpu")]
-    cpu, vnpu = results
-    rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu["train"], vnpu["train"]))
-    bitwise = cpu["train"] == vnpu["train"]
-    summary = {"steps": args.steps, "max_rel_diff": rel, "bitwise_equal": bitwise,
-               "cpu_seconds": cpu["seconds"], "vnpu_seconds": vnpu["seconds"],
+    if args.compile:  # eager vs compiled on one device
+        device = torch.device(args.device)
+        runs = [(device, os.path.join(args.out, device.type), False),
+                (device, os.path.join(args.out, f"{device.type}-compiled"), True)]
+    else:  # cpu vs vnpu, eager
+        runs = [(torch.device(d), os.path.join(args.out, d), False) for d in ("cpu", "vnpu")]
+    results = [train(args, d, out, compile=c) for d, out, c in runs]
+    first, second = results
+    rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(first["train"], second["train"]))
+    bitwise = first["train"] == second["train"]
+    a, b = first["device"], second["device"]
+    summary = {"steps": args.steps, "runs": [a, b], "max_rel_diff": rel, "bitwise_equal": bitwise,
+               "seconds": [first["seconds"], second["seconds"]],
                "fallback_ops": torch.vnpu.get_fallback_ops(), "extra_copy_ops": torch.vnpu.get_extra_copy_ops()}
+    if not args.compile:  # the keys of the cpu vs vnpu comparison
+        summary.update(cpu_seconds=first["seconds"], vnpu_seconds=second["seconds"])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "losses.json"), "w") as f:
-        json.dump({"cpu": cpu, "vnpu": vnpu, "summary": summary}, f)
+        json.dump({"runs": results, "summary": summary, **({} if args.compile else {"cpu": first, "vnpu": second})}, f)
     plot(results, os.path.join(args.out, "loss.png"))
-    print(f"cpu vs vnpu: max relative loss difference {rel:.3g} over {args.steps} steps "
+    print(f"{a} vs {b}: max relative loss difference {rel:.3g} over {args.steps} steps "
           f"({'bitwise equal' if bitwise else 'not bitwise equal'}); "
-          f"time cpu {cpu['seconds']:.1f} s, vnpu {vnpu['seconds']:.1f} s")
+          f"time {a} {first['seconds']:.1f} s, {b} {second['seconds']:.1f} s")
     print("fallback ops:", summary["fallback_ops"] or "none")
     print(f"wrote {args.out}/losses.json and {args.out}/loss.png")
     return summary

@@ -43,6 +43,9 @@ def _register() -> None:
     from . import _cpu_policies
 
     _cpu_policies.register(_BACKEND)
+    from ._inductor import lazy
+
+    lazy.install()  # torch.compile support, registered on first use (no Dynamo/Inductor import here)
 
 
 _register()

@@ -32,6 +32,12 @@ Tensor cpu_meta_view(const Tensor& t, AliasContext& ctx) {
 
 int64_t fused_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
                          double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  // Symbolic sizes (torch.compile with dynamic shapes traces with fake tensors): no CPU alias can hold them,
+  // and the CPU choice reads sizes and strides through sym_size/sym_stride only, so it takes the tensors as
+  // they are.
+  auto symbolic = [](const Tensor& t) { return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); };
+  if (symbolic(q) || symbolic(k) || symbolic(v) || (mask.has_value() && symbolic(*mask)))
+    return at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   AliasContext ctx;  // metadata only: the CPU choice never reads the data
   std::optional<Tensor> m;
   if (mask.has_value()) m = cpu_meta_view(*mask, ctx);

@@ -6,6 +6,7 @@
 #include "../core/VNPUHooks.h"
 #include "../core/VNPUHostAllocator.h"
 #include "../core/VNPUStream.h"
+#include "../inductor/KernelLaunch.h"
 #include "../ops/Executor.h"
 #include "../ops/HostOpenMP.h"
 #include "../ops/Interrupts.h"
@@ -190,4 +191,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_ops", &at::vnpu::fallback_ops);
   m.def("_extra_copy_ops", &at::vnpu::extra_copy_ops);
   m.def("_reset_op_stats", &at::vnpu::reset_op_stats);
+
+  // torch.compile: the C ABI of Inductor's generated vnpu kernel bindings
+  // (Note [Compiled kernels on the stream]), as a capsule for PyCapsule_Import.
+  m.attr("_inductor_launch_api") = py::capsule(static_cast<const void*>(at::vnpu::inductor_launch_api()),
+                                               "torch_vnpu._C._inductor_launch_api");
 }

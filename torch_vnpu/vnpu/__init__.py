@@ -231,3 +231,13 @@ def _drain_at_exit() -> None:
                 _C._synchronize(i)
             except RuntimeError:
                 pass
+
+
+def __getattr__(name: str):
+    # Inductor's PrivateUse1 discovery reads torch.vnpu.Scheduling, .PythonWrapperCodegen, .CppWrapperCodegen
+    # and .WrapperFxCodegen at the first compilation; answering registers torch.compile support lazily.
+    from .._inductor import CODEGEN_NAMES, codegen_class
+
+    if name in CODEGEN_NAMES:
+        return codegen_class(name)
+    raise AttributeError(f"module 'torch.vnpu' has no attribute '{name}'")

@@ -1,0 +1,56 @@
+// See Note [Compiled kernels on the stream] in KernelLaunch.h.
+#include "KernelLaunch.h"
+
+#include "../core/VNPUFunctions.h"
+#include "../ops/Executor.h"
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <memory>
+
+namespace at::vnpu {
+namespace {
+
+int launch_kernel(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*)) {
+  // Owned from here on: freed after the kernel ran, or now if it cannot be enqueued.
+  std::shared_ptr<void> owned(args, destroy);
+  try {
+    c10::vnpu::check_device_index(static_cast<DeviceIndex>(device));
+    // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
+    // the fused kernels use OpenMP too.
+    launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); });
+    return 0;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return -1;
+  }
+}
+
+int host_scalar(PyObject* obj, void* dst, size_t capacity) {
+  try {
+    TORCH_CHECK_TYPE(THPVariable_Check(obj), "a vnpu kernel expected a tensor argument, but got ",
+                     Py_TYPE(obj)->tp_name);
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.device().type() == c10::DeviceType::PrivateUse1) return 0;
+    const size_t bytes = t.numel() * t.element_size();
+    TORCH_CHECK(t.device().is_cpu() && t.numel() <= 1 && bytes <= capacity,
+                "a compiled vnpu kernel can take a CPU tensor only as a scalar (0-dim, at most ", capacity,
+                " bytes), but got one of shape ", t.sizes(), " on ", t.device());
+    if (bytes > 0) std::memcpy(dst, t.const_data_ptr(), bytes);
+    return 1;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return -1;
+  }
+}
+
+}  // namespace
+
+const InductorLaunchApi* inductor_launch_api() {
+  static const InductorLaunchApi api{kInductorLaunchApiVersion, &launch_kernel, &host_scalar};
+  return &api;
+}
+
+}  // namespace at::vnpu

@@ -1,0 +1,256 @@
+"""Compiled vnpu vs eager CPU: forward and backward of small modules in float32 and bfloat16, training
+features under compile (optimizer step, autocast, activation checkpointing, GradScaler) and the GPT example.
+
+Tolerances: float32 within 1e-4 relative (fused kernels may reorder float sums); bfloat16 within 2e-2
+(Inductor computes bf16 pointwise chains in float32 and rounds once, eager rounds after every op). Where the
+same kernels run on both sides (compiled CPU vs compiled vnpu), results must be bitwise equal.
+"""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import train_gpt  # noqa: E402
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(24)
+        self.rms = nn.RMSNorm(24)
+        self.lin = nn.Linear(24, 24)
+
+    def forward(self, x):
+        return self.rms(self.lin(self.ln(x))) * 2
+
+
+class EmbeddingCE(nn.Module):
+    def __init__(self, vocab=40):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16)
+        self.head = nn.Linear(16, vocab)
+
+    def forward(self, idx, targets):
+        return F.cross_entropy(self.head(self.emb(idx)).flatten(0, 1), targets.flatten())
+
+
+def _inputs(name, dtype):
+    g = torch.Generator().manual_seed(1)
+    if name == "EmbeddingCE":
+        return [torch.randint(0, 40, (4, 8), generator=g), torch.randint(0, 40, (4, 8), generator=g)]
+    shape = {"MLP": (8, 16), "ConvBN": (4, 3, 8, 8), "Attention": (2, 16, 32), "Norms": (6, 24)}[name]
+    return [torch.randn(*shape, generator=g, dtype=dtype)]
+
+
+def _assert_train_parity(make, dtype):
+    torch.manual_seed(0)
+    ref = make().to(dtype)
+    mod = copy.deepcopy(ref).to("vnpu")
+    compiled = torch.compile(mod)
+    inputs = _inputs(type(ref).__name__, dtype)
+    for step in range(2):  # second call: the cached graphs
+        out_ref = ref(*inputs)
+        out = compiled(*[t.to("vnpu") for t in inputs])
+        torch.testing.assert_close(out.cpu(), out_ref, **TOL[dtype])
+        out_ref.float().square().mean().backward()
+        out.float().square().mean().backward()
+        for (name, p_ref), p in zip(ref.named_parameters(), mod.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), p_ref.grad, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+        ref.zero_grad()
+        mod.zero_grad()
+    for b_ref, b in zip(ref.buffers(), mod.buffers()):  # batch norm running statistics
+        torch.testing.assert_close(b.cpu(), b_ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("make", [MLP, ConvBN, Attention, Norms, EmbeddingCE], ids=lambda m: m.__name__)
+def test_forward_backward_float32(make):
+    _assert_train_parity(make, torch.float32)
+
+
+@pytest.mark.parametrize("make", [MLP, Attention, Norms], ids=lambda m: m.__name__)
+def test_forward_backward_bfloat16(make):
+    _assert_train_parity(make, torch.bfloat16)
+
+
+def test_compiled_vnpu_is_bitwise_compiled_cpu():
+    # The same generated kernels and the same extern kernels: the stream execution changes no bit.
+    torch.manual_seed(0)
+    cpu = Attention()
+    vn = copy.deepcopy(cpu).to("vnpu")
+    x = torch.randn(2, 16, 32)
+    out_cpu = torch.compile(cpu)(x)
+    out_vn = torch.compile(vn)(x.to("vnpu"))
+    out_cpu.sum().backward()
+    out_vn.sum().backward()
+    assert torch.equal(out_vn.cpu(), out_cpu)
+    for a, b in zip(cpu.parameters(), vn.parameters()):
+        assert torch.equal(b.grad.cpu(), a.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training features under compile
+
+
+def test_compiled_optimizer_step():
+    # Bitwise equal to the same compiled step on CPU (foreach, as vnpu's default); within float32 rounding of
+    # eager AdamW (Inductor computes the bias corrections in float32, eager in float64).
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 8)
+    mod, eager = copy.deepcopy(ref).to("vnpu"), copy.deepcopy(ref)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.1, foreach=True)
+    opt, opt_eager = torch.optim.AdamW(mod.parameters(), lr=0.1), torch.optim.AdamW(eager.parameters(), lr=0.1)
+    step_ref, step = torch.compile(opt_ref.step), torch.compile(opt.step)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        x = torch.randn(4, 8, generator=g)
+        for m in (ref, eager):
+            m(x).square().sum().backward()
+        mod(x.to("vnpu")).square().sum().backward()
+        step_ref()
+        step()
+        opt_eager.step()
+        for o in (opt_ref, opt, opt_eager):
+            o.zero_grad()
+    for a, b, e in zip(ref.parameters(), mod.parameters(), eager.parameters()):
+        assert torch.equal(b.cpu(), a)
+        torch.testing.assert_close(b.cpu(), e, rtol=1e-4, atol=1e-5)
+    assert opt.state[mod.weight]["step"].item() == 4
+
+
+def test_autocast_bfloat16_inside_a_compiled_region():
+    torch.manual_seed(0)
+    ref = MLP()
+    mod = copy.deepcopy(ref).to("vnpu")
+
+    def run(m, x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return m(x)
+
+    x = torch.randn(8, 16)
+    out = torch.compile(run)(mod, x.to("vnpu"))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), run(ref, x), **TOL[torch.bfloat16])
+
+
+def test_activation_checkpointing_inside_a_compiled_module():
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return checkpoint(lambda y: self.b(torch.tanh(self.a(y))), x, use_reentrant=False)
+
+    torch.manual_seed(0)
+    ref = Checkpointed()
+    mod = copy.deepcopy(ref).to("vnpu")
+    x = torch.randn(4, 16)
+    ref(x).square().sum().backward()
+    torch.compile(mod)(x.to("vnpu")).square().sum().backward()
+    for a, b in zip(ref.parameters(), mod.parameters()):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, **TOL[torch.float32])
+
+
+def test_grad_scaler_with_compiled_float16_model():
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 4)
+    mod = copy.deepcopy(ref).to("vnpu")
+    opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(mod.parameters(), lr=0.1)
+    scaler_ref, scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10), torch.amp.GradScaler("vnpu", init_scale=2.0**10)
+    compiled = torch.compile(mod)
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):
+        x = torch.randn(2, 8, generator=g)
+        if step == 1:
+            x[0, 0] = float("inf")  # an overflowing step is skipped and the scale halves
+        for m, sc, o, dev in ((ref, scaler_ref, opt_ref, "cpu"), (compiled, scaler, opt, "vnpu")):
+            with torch.autocast(dev, dtype=torch.float16):
+                loss = m(x.to(dev)).float().sum()
+            sc.scale(loss).backward()
+            sc.step(o)
+            sc.update()
+            o.zero_grad()
+    assert scaler.get_scale() == scaler_ref.get_scale() == 2.0**10 / 2
+    for a, b in zip(ref.parameters(), mod.parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The GPT example
+
+
+def test_gpt_compiled_training_matches_eager():
+    """examples/train_gpt.py's GPT (one layer), model and AdamW step compiled, vs eager CPU: the gradients of
+    the first step, and the losses of three steps."""
+    torch.manual_seed(0)
+    cfg = train_gpt.GPTConfig(vocab_size=64, n_layer=1, block_size=32)
+    ref = train_gpt.GPT(cfg)
+    mod = copy.deepcopy(ref).to("vnpu")
+    assert mod.head.weight is mod.tok.weight  # the weight tying survives the copy and the move
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3, weight_decay=0.1)
+    model, step = torch.compile(mod), torch.compile(opt.step)
+    g = torch.Generator().manual_seed(0)
+    losses_ref, losses = [], []
+    for i in range(3):
+        x, y = torch.randint(0, 64, (4, 32), generator=g), torch.randint(0, 64, (4, 32), generator=g)
+        _, loss_ref = ref(x, y)
+        loss_ref.backward()
+        _, loss = model(x.to("vnpu"), y.to("vnpu"))
+        loss.backward()
+        if i == 0:
+            for (name, a), b in zip(ref.named_parameters(), mod.parameters()):
+                torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        opt_ref.step()
+        opt_ref.zero_grad()
+        step()
+        opt.zero_grad()
+        losses_ref.append(loss_ref.item())
+        losses.append(loss.detach())  # no sync: the host runs ahead as in a training loop
+    losses = [t.item() for t in losses]
+    # Adam's update of parameters whose gradient is rounding noise (the attention's key bias: softmax ignores
+    # it) differs by up to lr on any two backends, so the parameters themselves are not compared.
+    torch.testing.assert_close(losses, losses_ref, rtol=1e-5, atol=0)

@@ -1,0 +1,126 @@
+"""Lazy registration of torch.compile for vnpu (imported at ``import torch``; imports nothing heavy).
+
+* Dynamo: a one-shot import hook runs :func:`torch_vnpu._inductor.register_dynamo`
+  right after ``torch._dynamo.device_interface`` has been executed (or at once,
+  if it already was).
+* Inductor: right after ``torch._inductor.codegen.common`` has been executed,
+  its ``init_backend_registration`` (which every compilation calls first) is
+  wrapped so that it runs :func:`torch_vnpu._inductor.register_inductor` before
+  registering the built-in backends. Registering then, rather than through
+  Inductor's PrivateUse1 discovery of ``torch.vnpu.Scheduling`` & co. (which
+  ``torch.vnpu`` also answers, for a ``torch_vnpu`` imported after Inductor),
+  keeps vnpu's cache-key pass: the discovery re-registers without one.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+import warnings
+from types import ModuleType
+from typing import Callable
+
+_DYNAMO_MODULE = "torch._dynamo.device_interface"
+_INDUCTOR_MODULE = "torch._inductor.codegen.common"
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Runs ``hook(module)`` after the wrapped loader executed ``module``."""
+
+    def __init__(self, loader, hook: Callable[[ModuleType], None]):
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        # The module keeps its real loader (source lookups, reloads).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        _run(self._hook, module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """A meta path finder that only wraps the loaders of the watched module names (one shot each)."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        hook = self.hooks.get(fullname)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            del self.hooks[fullname]
+            spec.loader = _HookedLoader(spec.loader, hook)
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def _run(hook: Callable[[ModuleType], None], module: ModuleType) -> None:
+    try:
+        hook(module)
+    except Exception as e:  # never break the user's import of Dynamo
+        warnings.warn(f"torch_vnpu: registering torch.compile support for vnpu failed: {e!r}", RuntimeWarning)
+
+
+def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
+    """Calls ``hook(module)`` once module ``name`` is imported (now, if it already is)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        _run(hook, module)
+        return
+    _finder.hooks[name] = hook
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def _register_dynamo(_module: ModuleType) -> None:
+    from . import register_dynamo
+
+    register_dynamo()
+
+
+def _hook_inductor(common: ModuleType) -> None:
+    original = common.init_backend_registration
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+
+    def init_backend_registration() -> None:
+        from . import register_inductor
+
+        register_inductor()
+        original()
+
+    init_backend_registration._vnpu_original = original  # type: ignore[attr-defined]
+    init_backend_registration.__doc__ = original.__doc__
+    # graph.py, compile_fx.py and codecache.py bind the name when they are imported, i.e. after this.
+    common.init_backend_registration = init_backend_registration
+
+
+def install() -> None:
+    """Installs the lazy registration (idempotent)."""
+    when_imported(_DYNAMO_MODULE, _register_dynamo)
+    if _INDUCTOR_MODULE in sys.modules:
+        # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
+        # registered its backends, so register now; Inductor's modules are all importable at this point.
+        from . import register_inductor
+
+        _run(lambda _module: register_inductor(), sys.modules[_INDUCTOR_MODULE])
+    when_imported(_INDUCTOR_MODULE, _hook_inductor)
