@@ -145,6 +145,77 @@ for name, use in uses.items():
 print(json.dumps({"defaults": defaults, "fork": result}))
 """
 
+# Discovery and seeding before fork() leave vnpu usable in the child (as CUDA's device_count() and queued
+# manual_seed do); calls that initialize (get_device_properties, as on CUDA) make the next child a bad fork.
+_FORK_BEFORE_INIT_CHILD = """
+import json, os, signal, torch
+signal.alarm(60)
+r = {}
+r["count"] = torch.vnpu.device_count()
+r["available"] = torch.vnpu.is_available()
+torch.manual_seed(1234)                              # seeds every vnpu device too
+torch.vnpu.manual_seed(99)                           # the current device's generator
+torch.vnpu.manual_seed_all(99)
+torch.vnpu.set_rng_state(torch.vnpu.default_generators[1].get_state(), 1)
+r["init_after_discovery_and_seeding"] = torch.vnpu.is_initialized()
+
+def in_child(fn):
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        signal.alarm(20)
+        try:
+            out = fn()
+        except BaseException as e:
+            out = type(e).__name__ + ": " + str(e)
+        os.write(wr, json.dumps(out).encode())
+        os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else "child died"
+
+def use():
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    d = a.to("vnpu")
+    ok = torch.equal((d @ d.t() + 1).cpu(), a @ a.t() + 1)
+    return {"ok": ok, "initialized": torch.vnpu.is_initialized(), "seed": torch.vnpu.initial_seed(),
+            "bad_fork": torch.vnpu._is_in_bad_fork()}
+
+r["child_after_discovery"] = in_child(use)
+r["init_in_parent_after_child"] = torch.vnpu.is_initialized()
+x = torch.full((4,), 7.0, device="vnpu")             # the parent initializes after its child did
+r["parent_works"] = x.sum().item() == 28.0
+r["init_after_tensor"] = torch.vnpu.is_initialized()
+
+print(json.dumps(r))
+"""
+
+_PROPERTIES_INIT_CHILD = """
+import json, os, signal, torch
+signal.alarm(60)
+r = {"before": torch.vnpu.is_initialized()}
+torch.vnpu.get_device_properties(0)
+r["after_properties"] = torch.vnpu.is_initialized()
+rd, wr = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.ones(1, device="vnpu")
+        msg = "no error"
+    except RuntimeError as e:
+        msg = "RuntimeError: " + str(e)
+    os.write(wr, msg.encode())
+    os._exit(0)
+os.close(wr)
+with os.fdopen(rd) as f:
+    r["child"] = f.read()
+os.waitpid(pid, 0)
+print(json.dumps(r))
+"""
+
 _FORK_USES = ["tensor_factory", "to_device", "op_on_inherited_tensor", "synchronize", "init", "current_device",
               "new_stream"]
 
@@ -153,6 +224,8 @@ _FORK_USES = ["tensor_factory", "to_device", "op_on_inherited_tensor", "synchron
 def children():
     kids = {
         "defaults_and_fork": _Child(_DEFAULTS_AND_FORK_CHILD, timeout=90),
+        "fork_before_init": _Child(_FORK_BEFORE_INIT_CHILD, timeout=90),
+        "properties_init": _Child(_PROPERTIES_INIT_CHILD, timeout=90),
         "count3": _Child(_ENV_CHILD, VNPU_DEVICE_COUNT="3"),
         "visible1": _Child(_ENV_CHILD, VNPU_VISIBLE_DEVICES="1"),
     }
@@ -194,6 +267,28 @@ def test_forked_child_raises(children, use):
     subprocess ...") instead of hanging."""
     msg = children["defaults_and_fork"].result()["fork"][use]
     assert msg.startswith("RuntimeError:") and "forked subprocess" in msg, msg
+
+
+def test_discovery_and_seeding_do_not_initialize_and_child_can_use_vnpu(children):
+    """device_count(), is_available(), torch.manual_seed() and the vnpu seeding/state setters do not
+    initialize the device, so a fork()ed child uses vnpu normally and sees the parent's seed; the parent
+    initializes afterwards on its own."""
+    r = children["fork_before_init"].result()
+    assert r["count"] == 2 and r["available"] is True
+    assert r["init_after_discovery_and_seeding"] is False
+    c = r["child_after_discovery"]
+    assert isinstance(c, dict), c
+    assert c == {"ok": True, "initialized": True, "seed": 99, "bad_fork": False}
+    assert r["init_in_parent_after_child"] is False
+    assert r["parent_works"] is True and r["init_after_tensor"] is True
+
+
+def test_get_device_properties_initializes_and_then_fork_is_refused(children):
+    """As on CUDA: get_device_properties initializes, so is_initialized() turns True and a child forked
+    afterwards gets the forked-subprocess error."""
+    r = children["properties_init"].result()
+    assert r["before"] is False and r["after_properties"] is True
+    assert r["child"].startswith("RuntimeError:") and "forked subprocess" in r["child"], r["child"]
 
 
 # --------------------------------------------------------------------------- devices

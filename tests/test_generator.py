@@ -109,6 +109,69 @@ def test_set_state_rejects_wrong_size():
         g.set_state(torch.zeros(7, dtype=torch.uint8))
 
 
+def _state(seed, offset):
+    return torch.tensor([seed, offset], dtype=torch.int64).view(torch.uint8)
+
+
+# Rejected states, each with the exception CUDA raises for it (at::detail::check_rng_state and the size
+# check of CUDAGeneratorImpl::set_state): only a contiguous CPU torch.ByteTensor of the right size is a state.
+_BAD_STATES = {
+    "vnpu_tensor": (lambda: _state(5, 8).to(DEV), TypeError, "ByteTensor"),
+    "float_tensor": (lambda: _state(5, 8).float(), TypeError, "ByteTensor"),
+    "int64_tensor": (lambda: torch.tensor([5, 8]), TypeError, "ByteTensor"),
+    "not_a_tensor": (lambda: [5, 0, 0, 0], TypeError, "ByteTensor"),
+    "non_contiguous": (lambda: torch.zeros(32, dtype=torch.uint8)[::2], RuntimeError, "contiguous"),
+    "too_short": (lambda: _state(5, 8)[:8], RuntimeError, "wrong size"),
+    "offset_not_multiple_of_4": (lambda: _state(5, 6), RuntimeError, "multiple of 4"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_STATES))
+@pytest.mark.parametrize("setter", ["generator", "set_rng_state", "set_rng_state_all"])
+def test_bad_rng_state_is_rejected_before_any_change(case, setter):
+    make, exc, match = _BAD_STATES[case]
+    torch.vnpu.manual_seed_all(11)
+    g = torch.vnpu.default_generators[0] if setter != "generator" else _gen(11)
+    before = [g.get_state()] + torch.vnpu.get_rng_state_all()
+    with pytest.raises(exc, match=match):
+        if setter == "generator":
+            g.set_state(make())
+        elif setter == "set_rng_state":
+            torch.vnpu.set_rng_state(make())
+        else:  # a valid state for device 0, the bad one for device 1: device 0 must not change either
+            torch.vnpu.set_rng_state_all([_state(42, 4), make()])
+    after = [g.get_state()] + torch.vnpu.get_rng_state_all()
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), "a rejected state changed a generator"
+
+
+def test_vnpu_state_tensor_is_rejected_even_with_queued_work():
+    # The bytes of a vnpu tensor may not be written yet (queued work): CUDA rejects a cuda state, so do we.
+    state = torch.vnpu.get_rng_state()
+    torch.vnpu._sleep(50_000_000)  # 50 ms of queued work before the copy lands
+    on_device = state.to(DEV, non_blocking=True)
+    with pytest.raises(TypeError, match="ByteTensor"):
+        torch.vnpu.set_rng_state(on_device)
+    assert torch.equal(torch.vnpu.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("device", [9, -1, "vnpu:9", torch.device("vnpu", 2)])
+def test_rng_functions_reject_invalid_device_with_the_usual_error(device):
+    state = torch.vnpu.get_rng_state()
+    for call in (lambda: torch.vnpu.set_rng_state(state, device=device),
+                 lambda: torch.vnpu.get_rng_state(device)):
+        with pytest.raises(RuntimeError, match="Invalid device ordinal"):
+            call()
+    with pytest.raises(RuntimeError, match="Invalid device ordinal"):
+        torch.vnpu.set_rng_state_all([state] * (torch.vnpu.device_count() + 1))
+    assert torch.equal(torch.vnpu.get_rng_state(), state)
+
+
+def test_set_rng_state_all_applies_every_state():
+    torch.vnpu.set_rng_state_all([_state(100 + i, 4 * i) for i in range(torch.vnpu.device_count())])
+    for i, s in enumerate(torch.vnpu.get_rng_state_all()):
+        assert s[:8].view(torch.int64).item() == 100 + i and s[8:].view(torch.int64).item() == 4 * i
+
+
 def test_explicit_generator_does_not_touch_default_generator():
     torch.vnpu.manual_seed(5)
     before = torch.vnpu.get_rng_state()

@@ -1,14 +1,20 @@
 #include "VNPUCachingAllocator.h"
 
-#include <c10/core/impl/COW.h>
-
+#include "VNPUAllocatorConfig.h"
 #include "VNPUException.h"
 #include "VNPUFunctions.h"
 
+#include <c10/core/impl/COW.h>
 #include <c10/util/flat_hash_map.h>
+#include <c10/util/llvmMathExtras.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
 
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -24,12 +30,12 @@ using c10::CachingDeviceAllocator::DeviceStats;
 
 constexpr size_t kMinBlockSize = 512;               // bytes; every block is a multiple
 constexpr size_t kSmallSize = 1048576;              // largest "small" request
-constexpr size_t kSmallBuffer = 2097152;            // small-pool segment size
-constexpr size_t kMinLargeAlloc = 10485760;         // below this, large requests share
-constexpr size_t kLargeBuffer = 20971520;           // ... a 20 MiB segment
+constexpr size_t kSmallBuffer = 2097152;            // small-pool segment size (and expandable page)
+constexpr size_t kMinLargeAlloc = 10485760;         // below this, large requests share a large segment
 constexpr size_t kRoundLarge = 2097152;             // large segments round to this
 
 struct Block;
+struct ExpandableSegment;
 struct BlockComparator {
   bool operator()(const Block* a, const Block* b) const;
 };
@@ -43,13 +49,44 @@ struct Block {
   BlockPool* pool;
   char* ptr;
   bool allocated = false;
+  bool mapped = true;         // false: unmapped address space of an expandable segment (in no pool)
+  ExpandableSegment* expandable = nullptr;  // the segment of a block of an expandable segment
   Block* prev = nullptr;      // neighbours within the same segment
   Block* next = nullptr;
   int event_count = 0;        // outstanding recordStream events
+  uint64_t freed_at = 0;      // free counter when it last became free (garbage collection order)
   std::set<vnpuStream_t> stream_uses;
   Block(DeviceIndex d, vnpuStream_t s, size_t n, BlockPool* p, char* ptr_)
       : device(d), stream(s), size(n), pool(p), ptr(ptr_) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return !allocated && event_count == 0 && mapped; }  // then it is in its pool
+};
+
+// Note [Expandable segments]
+// With expandable_segments:True (PYTORCH_VNPU_ALLOC_CONF) each (stream, pool)
+// pair gets one segment: an address range as large as the device
+// (vnpuMemAddressReserve) whose 2 MiB pages are mapped on demand, each
+// as its own physical handle (vnpuMemCreate + vnpuMemMap), and unmapped again
+// when free in empty_cache, the OOM retry and garbage collection. (CUDA maps
+// 20 MiB pages in the large pool because cuMemMap is costly; an mmap is not,
+// and 20 MiB pages would leave up to 19 MiB of a small device unusable.) Its blocks
+// cover the whole range: mapped ones are ordinary blocks (allocated, or free in
+// the pool), unmapped ones are bare address space in no pool. A request that no
+// free block fits grows the segment: the first unmapped run that, with the
+// free mapped block in front of it, is large enough gets the missing pages.
+// The pages come from wherever the device has free memory, so a request fits
+// whenever enough memory is free in total (a classic segment needs one
+// contiguous hole, vnpuMalloc), and freed pages in the middle of a segment go
+// back to the device (a split classic segment keeps all its memory until every
+// block in it is free). Off by default, as on CUDA: see docs/STATUS.md.
+struct ExpandableSegment {
+  vnpuStream_t stream;
+  bool small;
+  char* base = nullptr;
+  size_t size = 0;            // bytes of address space
+  size_t page = 0;            // bytes mapped at a time
+  size_t mapped_pages = 0;    // count
+  Block* head = nullptr;      // the block at `base` (forward merges keep it)
 };
 
 bool BlockComparator::operator()(const Block* a, const Block* b) const {
@@ -58,19 +95,23 @@ bool BlockComparator::operator()(const Block* a, const Block* b) const {
   return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
 }
 
-size_t round_size(size_t n) {
-  return n < kMinBlockSize ? kMinBlockSize : (n + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
-}
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t segment_size(size_t n) {
-  if (n <= kSmallSize) return kSmallBuffer;
-  if (n < kMinLargeAlloc) return kLargeBuffer;
-  return (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+// Rounds up to the next 1/divisions step between two powers of two (roundup_power2_divisions).
+size_t round_to_division(size_t size, size_t divisions) {
+  if (c10::llvm::isPowerOf2_64(size)) return size;
+  const size_t floor = c10::llvm::PowerOf2Floor(size);
+  const size_t step = floor / divisions;
+  return step == 0 ? floor * 2 : round_up(size, step);
 }
 
 class DeviceCachingAllocator {
  public:
-  explicit DeviceCachingAllocator(DeviceIndex d) : device_(d) {}
+  explicit DeviceCachingAllocator(DeviceIndex d) : device_(d), cfg_(config()) {
+    vnpuDeviceProp prop{};
+    if (vnpuGetDeviceProperties(&prop, d) == vnpuSuccess) capacity_ = prop.totalGlobalMem;
+    use_expandable_ = cfg_.expandable_segments;
+  }
 
   Block* malloc(size_t orig, vnpuStream_t stream) {
     std::lock_guard<std::recursive_mutex> g(mu_);
@@ -78,17 +119,8 @@ class DeviceCachingAllocator {
     size_t size = round_size(orig);
     BlockPool& pool = size <= kSmallSize ? small_ : large_;
     Block* block = take_free(pool, stream, size);
-    if (block == nullptr) block = alloc_segment(pool, stream, size, orig);
-    if (should_split(block, size)) {
-      auto* rest = new Block(device_, stream, block->size - size, &pool, block->ptr + size);
-      rest->prev = block;
-      rest->next = block->next;
-      if (rest->next) rest->next->prev = rest;
-      block->next = rest;
-      block->size = size;
-      pool.insert(rest);
-      update(stats_.inactive_split, pool, rest->size, true, true);
-    }
+    if (block == nullptr) block = use_expandable_ ? grow(pool, stream, size, orig) : alloc_segment(pool, stream, size, orig);
+    if (should_split(block, size)) insert_free(split_after(block, size));
     block->allocated = true;
     block->requested = orig;
     active_[block->ptr] = block;
@@ -97,6 +129,7 @@ class DeviceCachingAllocator {
     update(stats_.active, pool, 1, true);
     update(stats_.active_bytes, pool, block->size, true);
     update(stats_.requested_bytes, pool, orig, true);
+    if (is_oversize(block)) stats_.oversize_allocations.increase(1);
     return block;
   }
 
@@ -107,6 +140,7 @@ class DeviceCachingAllocator {
     update(stats_.allocation, *block->pool, 1, false);
     update(stats_.allocated_bytes, *block->pool, block->size, false);
     update(stats_.requested_bytes, *block->pool, block->requested, false);
+    if (is_oversize(block)) stats_.oversize_allocations.decrease(1);
     if (!block->stream_uses.empty()) {
       // Reuse only after every stream that used the block is past this point.
       for (vnpuStream_t s : block->stream_uses) {
@@ -139,15 +173,15 @@ class DeviceCachingAllocator {
 
   void empty_cache() {
     std::lock_guard<std::recursive_mutex> g(mu_);
-    for (auto& [e, b] : events_) VNPU_CHECK(vnpuEventSynchronize(e));
-    process_events();
-    release(small_);
-    release(large_);
+    VNPU_CHECK(release_cached());
   }
 
   DeviceStats stats() {
     std::lock_guard<std::recursive_mutex> g(mu_);
-    return stats_;
+    DeviceStats s = stats_;
+    s.max_split_size = cfg_.max_split_size == std::numeric_limits<size_t>::max()
+                           ? -1 : static_cast<int64_t>(cfg_.max_split_size);
+    return s;
   }
   void reset_peak() {
     std::lock_guard<std::recursive_mutex> g(mu_);
@@ -162,16 +196,18 @@ class DeviceCachingAllocator {
     stats_.num_device_free = 0;
   }
 
+  // Classic segments as they are; an expandable segment as one entry per run of mapped pages.
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() {
     std::lock_guard<std::recursive_mutex> g(mu_);
     std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
-    for (Block* head : segments_) {
+    auto add_run = [&](Block* first, Block* stop) {
       c10::CachingDeviceAllocator::SegmentInfo seg;
       seg.device = device_;
-      seg.address = reinterpret_cast<size_t>(head->ptr);
-      seg.stream = head->stream;
-      seg.is_large = head->pool == &large_;
-      for (Block* b = head; b != nullptr; b = b->next) {
+      seg.address = reinterpret_cast<size_t>(first->ptr);
+      seg.stream = first->stream;
+      seg.is_large = first->pool == &large_;
+      seg.is_expandable = first->expandable != nullptr;
+      for (Block* b = first; b != stop; b = b->next) {
         c10::CachingDeviceAllocator::BlockInfo bi;
         bi.size = b->size;
         bi.requested_size = b->requested;
@@ -186,6 +222,19 @@ class DeviceCachingAllocator {
         seg.blocks.push_back(bi);
       }
       out.push_back(std::move(seg));
+    };
+    for (Block* head : segments_) add_run(head, nullptr);
+    for (auto& [key, es] : expandable_) {
+      for (Block* b = es->head; b != nullptr;) {
+        if (!b->mapped) {
+          b = b->next;
+          continue;
+        }
+        Block* stop = b;
+        while (stop != nullptr && stop->mapped) stop = stop->next;
+        add_run(b, stop);
+        b = stop;
+      }
     }
     return out;
   }
@@ -202,79 +251,112 @@ class DeviceCachingAllocator {
     f(stats_.oversize_segments);
   }
 
-  void update(c10::CachingAllocator::StatArray& arr, const BlockPool& pool, size_t amount,
-              bool increase, bool split_bytes = false) {
+  void update(c10::CachingAllocator::StatArray& arr, const BlockPool& pool, size_t amount, bool increase) {
     StatTypes types{};
     types[static_cast<size_t>(StatType::AGGREGATE)] = true;
     types[static_cast<size_t>(&pool == &small_ ? StatType::SMALL_POOL : StatType::LARGE_POOL)] = true;
     c10::CachingAllocator::for_each_selected_stat_type(types, [&](size_t t) {
       if (increase) arr[t].increase(amount); else arr[t].decrease(amount);
     });
-    if (split_bytes) {
-      c10::CachingAllocator::for_each_selected_stat_type(types, [&](size_t t) {
-        if (increase) stats_.inactive_split_bytes[t].increase(amount);
-        else stats_.inactive_split_bytes[t].decrease(amount);
-      });
-    }
   }
+
+  // A free block of a split segment: inactive_split counts blocks, inactive_split_bytes their bytes.
+  void split_stats(const BlockPool& pool, size_t bytes, bool increase) {
+    update(stats_.inactive_split, pool, 1, increase);
+    update(stats_.inactive_split_bytes, pool, bytes, increase);
+  }
+
+  // Every free mapped block is in its pool, counted in inactive_split if it has neighbours.
+  void insert_free(Block* b) {
+    b->pool->insert(b);
+    if (b->is_split()) split_stats(*b->pool, b->size, true);
+  }
+  void remove_free(Block* b) {
+    b->pool->erase(b);
+    if (b->is_split()) split_stats(*b->pool, b->size, false);
+  }
+
+  // Cuts `b` after `bytes`; returns the new block holding the rest (same state, not in a pool).
+  Block* split_after(Block* b, size_t bytes) {
+    auto* rest = new Block(device_, b->stream, b->size - bytes, b->pool, b->ptr + bytes);
+    rest->mapped = b->mapped;
+    rest->expandable = b->expandable;
+    rest->prev = b;
+    rest->next = b->next;
+    if (rest->next) rest->next->prev = rest;
+    b->next = rest;
+    b->size = bytes;
+    return rest;
+  }
+  // `a` absorbs its next neighbour `b` (neither in a pool); returns `a`.
+  Block* merge(Block* a, Block* b) {
+    a->size += b->size;
+    a->next = b->next;
+    if (a->next) a->next->prev = a;
+    delete b;
+    return a;
+  }
+
+  size_t round_size(size_t n) const {
+    if (n < kMinBlockSize) return kMinBlockSize;
+    const size_t divisions = cfg_.divisions_for(n);
+    if (divisions > 1 && n > kMinBlockSize * divisions) return round_to_division(n, divisions);
+    return round_up(n, kMinBlockSize);
+  }
+
+  size_t segment_size(size_t n) const {
+    if (n <= kSmallSize) return kSmallBuffer;
+    if (n < kMinLargeAlloc) return cfg_.large_segment_size;
+    return round_up(n, kRoundLarge);
+  }
+
+  bool is_oversize(const Block* b) const { return b->expandable == nullptr && b->size >= cfg_.max_split_size; }
 
   Block* take_free(BlockPool& pool, vnpuStream_t stream, size_t size) {
     Block key(device_, stream, size, &pool, nullptr);
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    // Don't hand a huge cached block to a small request (fragmentation).
-    if (&pool == &large_ && (*it)->size > size + kLargeBuffer && !(*it)->is_split()) {
-      if ((*it)->size >= size * 2) return nullptr;
-    }
     Block* b = *it;
-    pool.erase(it);
-    if (b->is_split()) update(stats_.inactive_split, pool, b->size, false, true);
+    if (b->expandable == nullptr) {
+      // max_split_size_mb (CUDA's rules): oversize blocks serve only large requests, and only close fits.
+      if (size < cfg_.max_split_size && b->size >= cfg_.max_split_size) return nullptr;
+      if (size >= cfg_.max_split_size && b->size >= size + cfg_.max_non_split_rounding) return nullptr;
+      // Don't hand a huge cached block to a small request (fragmentation).
+      if (&pool == &large_ && b->size > size + cfg_.large_segment_size && !b->is_split() && b->size >= size * 2)
+        return nullptr;
+    }
+    remove_free(b);
     return b;
   }
 
   bool should_split(const Block* b, size_t size) const {
-    size_t rest = b->size - size;
-    return b->pool == &small_ ? rest >= kMinBlockSize : rest > kSmallSize;
+    const size_t rest = b->size - size;
+    if (b->pool == &small_ || b->expandable != nullptr) return rest >= kMinBlockSize;
+    return size < cfg_.max_split_size && rest > kSmallSize;
   }
 
+  // ---- classic segments: one vnpuMalloc each -------------------------------------------------
+
   Block* alloc_segment(BlockPool& pool, vnpuStream_t stream, size_t size, size_t orig) {
-    size_t n = segment_size(size);
+    const size_t n = segment_size(size);
+    garbage_collect();
     void* ptr = nullptr;
     vnpuError_t err = device_malloc(&ptr, n);
     if (err == vnpuErrorMemoryAllocation) {
-      // Free every cached segment and retry once, as CUDA's allocator does.
+      // Free every cached segment and retry once, as CUDA's allocator does. A pending kernel error
+      // surfacing here is raised (as cudaFree would), after the bookkeeping is complete.
       ++stats_.num_alloc_retries;
-      for (auto& [e, b] : events_) vnpuEventSynchronize(e);
-      process_events();
-      release(small_);
-      release(large_);
+      VNPU_CHECK(release_cached());
       err = device_malloc(&ptr, n);
     }
-    if (err == vnpuErrorMemoryAllocation) {
-      ++stats_.num_ooms;
-      size_t free_b = 0, total = 0;
-      DeviceIndex prev = ExchangeDevice(device_);
-      vnpuMemGetInfo(&free_b, &total);
-      set_device(prev);
-      const auto& agg = static_cast<size_t>(StatType::AGGREGATE);
-      size_t allocated = stats_.allocated_bytes[agg].current;
-      size_t reserved = stats_.reserved_bytes[agg].current;
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory. Tried to allocate ",
-                       format_size(orig), ". vnpu:", int(device_), " has a total capacity of ",
-                       format_size(total), " of which ", format_size(free_b),
-                       " is free. Of the allocated memory ", format_size(allocated),
-                       " is allocated by PyTorch, and ", format_size(reserved - allocated),
-                       " is reserved by PyTorch but unallocated (reserved in total: ",
-                       format_size(reserved),
-                       "). Free tensors you no longer need, lower the batch size, or raise "
-                       "VNPU_MEMORY_PER_DEVICE (bytes; K/M/G suffixes).");
-    }
+    if (err == vnpuErrorMemoryAllocation) oom(orig, n, /*contiguous=*/true);
     VNPU_CHECK(err);
     ++stats_.num_device_alloc;
     auto* b = new Block(device_, stream, n, &pool, static_cast<char*>(ptr));
     segments_.insert(b);
     update(stats_.segment, pool, 1, true);
     update(stats_.reserved_bytes, pool, n, true);
+    if (n >= cfg_.max_split_size) stats_.oversize_segments.increase(1);
     return b;
   }
 
@@ -285,29 +367,165 @@ class DeviceCachingAllocator {
     return err;
   }
 
+  // `needed`: bytes the device could not provide; `contiguous`: they had to be one range (vnpuMalloc).
+  [[noreturn]] void oom(size_t orig, size_t needed, bool contiguous) {
+    ++stats_.num_ooms;
+    size_t free_b = 0, total = 0;
+    DeviceIndex prev = ExchangeDevice(device_);
+    vnpuMemGetInfo(&free_b, &total);
+    set_device(prev);
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    const size_t allocated = stats_.allocated_bytes[agg].current;
+    const size_t reserved = stats_.reserved_bytes[agg].current;
+    std::string advice =
+        "Free tensors you no longer need, lower the batch size, or raise VNPU_MEMORY_PER_DEVICE (bytes; K/M/G "
+        "suffixes).";
+    if (contiguous && free_b >= needed) {
+      // Enough memory is free, but not in one piece: a classic segment needs one contiguous range.
+      advice = "The free memory is fragmented: no contiguous range of " + format_size(needed) +
+               " is free for a new segment, although " + format_size(free_b) +
+               " is free in total. Set PYTORCH_VNPU_ALLOC_CONF=expandable_segments:True so that segments are "
+               "mapped from scattered free memory, or free the tensors that sit between the free ranges. " + advice;
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory. Tried to allocate ", format_size(orig),
+                     ". vnpu:", int(device_), " has a total capacity of ", format_size(total), " of which ",
+                     format_size(free_b), " is free. Of the allocated memory ", format_size(allocated),
+                     " is allocated by PyTorch, and ", format_size(reserved - allocated),
+                     " is reserved by PyTorch but unallocated (reserved in total: ", format_size(reserved),
+                     "). ", advice);
+  }
+
+  // ---- expandable segments: See Note [Expandable segments] ------------------------------------
+
+  ExpandableSegment* segment_for(BlockPool& pool, vnpuStream_t stream) {
+    const bool small = &pool == &small_;
+    auto key = std::make_pair(stream, small);
+    auto it = expandable_.find(key);
+    if (it != expandable_.end()) return it->second.get();
+    auto es = std::make_unique<ExpandableSegment>();
+    es->stream = stream;
+    es->small = small;
+    es->page = kSmallBuffer;  // both pools: mapping is cheap, and bigger pages strand memory on small devices
+    es->size = round_up(std::max(capacity_, es->page), es->page);
+    void* base = nullptr;
+    VNPU_CHECK(vnpuMemAddressReserve(&base, es->size, 0, nullptr, 0));  // pages need granularity alignment only
+    es->base = static_cast<char*>(base);
+    es->head = new Block(device_, stream, es->size, &pool, es->base);
+    es->head->mapped = false;
+    es->head->expandable = es.get();
+    return expandable_.emplace(key, std::move(es)).first->second.get();
+  }
+
+  // Maps `count` pages at `at`, one handle each; on failure unmaps what it mapped.
+  vnpuError_t map_pages(ExpandableSegment* es, char* at, size_t count) {
+    vnpuMemAllocationProp prop{device_};
+    for (size_t i = 0; i < count; ++i) {
+      vnpuMemGenericAllocationHandle_t h = nullptr;
+      vnpuError_t err = vnpuMemCreate(&h, es->page, &prop, 0);
+      if (err == vnpuSuccess) {
+        err = vnpuMemMap(at + i * es->page, es->page, 0, h, 0);
+        vnpuMemRelease(h);  // the pages live while mapped
+      }
+      if (err != vnpuSuccess) {
+        if (i > 0) vnpuMemUnmap(at, i * es->page);
+        return err;
+      }
+    }
+    return vnpuSuccess;
+  }
+
+  // A free mapped block of at least `size` bytes for `stream`, made by mapping pages.
+  Block* grow(BlockPool& pool, vnpuStream_t stream, size_t size, size_t orig) {
+    garbage_collect();
+    Block* b = nullptr;
+    vnpuError_t err = try_grow(pool, stream, size, &b);
+    if (err == vnpuErrorMemoryAllocation) {
+      ++stats_.num_alloc_retries;  // as alloc_segment: release the cache, then once more
+      VNPU_CHECK(release_cached());
+      err = try_grow(pool, stream, size, &b);
+    }
+    if (err == vnpuErrorNotSupported) {
+      // No shareable device memory (no memfd): classic segments it is.
+      TORCH_WARN_ONCE("expandable_segments:True is not supported by this vnpu runtime (device memory is not a "
+                      "memfd); using classic segments.");
+      use_expandable_ = false;
+      return alloc_segment(pool, stream, size, orig);
+    }
+    if (err == vnpuErrorMemoryAllocation) oom(orig, size, /*contiguous=*/false);
+    VNPU_CHECK(err);
+    return b;
+  }
+
+  vnpuError_t try_grow(BlockPool& pool, vnpuStream_t stream, size_t size, Block** out) {
+    ExpandableSegment* es = segment_for(pool, stream);
+    for (Block* u = es->head; u != nullptr; u = u->next) {
+      if (u->mapped) continue;
+      Block* front = u->prev != nullptr && u->prev->is_free() ? u->prev : nullptr;
+      const size_t have = front != nullptr ? front->size : 0;
+      if (have + u->size < size) continue;
+      const size_t pages = (std::max(size, have + 1) - have + es->page - 1) / es->page;
+      vnpuError_t err = map_pages(es, u->ptr, pages);
+      if (err != vnpuSuccess) return err;
+      if (u->size > pages * es->page) split_after(u, pages * es->page);  // the rest stays unmapped
+      u->mapped = true;
+      if (es->mapped_pages == 0) update(stats_.segment, pool, 1, true);
+      es->mapped_pages += pages;
+      stats_.num_device_alloc += static_cast<int64_t>(pages);
+      update(stats_.reserved_bytes, pool, pages * es->page, true);
+      if (front != nullptr) {
+        remove_free(front);
+        u = merge(front, u);
+      }
+      *out = u;
+      return vnpuSuccess;
+    }
+    return vnpuErrorMemoryAllocation;  // the whole range is mapped: so is the device's memory
+  }
+
+  // Unmaps the whole pages inside free block `b` of an expandable segment.
+  vnpuError_t unmap_pages(Block* b) {
+    ExpandableSegment* es = b->expandable;
+    const size_t start = static_cast<size_t>(b->ptr - es->base), end = start + b->size;
+    const size_t first = round_up(start, es->page), last = end / es->page * es->page;
+    if (first >= last) return vnpuSuccess;
+    vnpuError_t err = vnpuMemUnmap(es->base + first, last - first);  // waits for the device's queued work
+    if (err != vnpuSuccess) return err;
+    BlockPool& pool = *b->pool;
+    remove_free(b);
+    Block* mid = b;
+    if (first > start) {
+      mid = split_after(b, first - start);
+      insert_free(b);
+    }
+    if (end > last) insert_free(split_after(mid, last - first));
+    mid->mapped = false;
+    const size_t pages = (last - first) / es->page;
+    es->mapped_pages -= pages;
+    if (es->mapped_pages == 0) update(stats_.segment, pool, 1, false);
+    stats_.num_device_free += static_cast<int64_t>(pages);
+    update(stats_.reserved_bytes, pool, last - first, false);
+    if (mid->next != nullptr && !mid->next->mapped) merge(mid, mid->next);
+    if (mid->prev != nullptr && !mid->prev->mapped) merge(mid->prev, mid);
+    return vnpuSuccess;
+  }
+
+  // ---- freeing --------------------------------------------------------------------------------
+
   void free_block(Block* block) {
     BlockPool& pool = *block->pool;
     update(stats_.active, pool, 1, false);
     update(stats_.active_bytes, pool, block->size, false);
-    for (Block* nb : {block->prev, block->next}) {
-      if (nb == nullptr || nb->allocated || nb->event_count > 0) continue;
-      pool.erase(nb);
-      update(stats_.inactive_split, pool, nb->size, false, true);
-      if (nb == block->prev) {
-        block->ptr = nb->ptr;
-        block->prev = nb->prev;
-        if (block->prev) block->prev->next = block;
-        segments_.erase(nb);
-        if (block->prev == nullptr) segments_.insert(block);
-      } else {
-        block->next = nb->next;
-        if (block->next) block->next->prev = block;
-      }
-      block->size += nb->size;
-      delete nb;
+    Block* b = block;
+    if (b->prev != nullptr && b->prev->is_free()) {
+      remove_free(b->prev);
+      b = merge(b->prev, b);
     }
-    if (block->is_split()) update(stats_.inactive_split, pool, block->size, true, true);
-    pool.insert(block);
+    if (b->next != nullptr && b->next->is_free()) {
+      remove_free(b->next);
+      b = merge(b, b->next);
+    }
+    b->freed_at = ++free_counter_;
+    insert_free(b);
   }
 
   void process_events() {
@@ -320,29 +538,85 @@ class DeviceCachingAllocator {
     }
   }
 
-  void release(BlockPool& pool) {
-    for (auto it = pool.begin(); it != pool.end();) {
-      Block* b = *it;
-      if (b->is_split()) {
-        ++it;
-        continue;
-      }
-      it = pool.erase(it);
-      VNPU_CHECK(vnpuFree(b->ptr));  // synchronizes the device, like cudaFree
-      ++stats_.num_device_free;
-      update(stats_.segment, pool, 1, false);
-      update(stats_.reserved_bytes, pool, b->size, false);
-      segments_.erase(b);
-      delete b;
+  // Note [Errors while releasing memory]
+  // vnpuFree synchronizes the device first (as cudaFree) and so returns a kernel error that was
+  // pending there, but it has freed the block all the same. Every release therefore finishes its
+  // bookkeeping and goes on with the other blocks, and the first error is returned for the caller
+  // to raise once the statistics and segment list match what the device holds.
+
+  // Waits for pending record_stream events, then returns every releasable cached block's memory.
+  vnpuError_t release_cached() {
+    NoInterruptGuard no_interrupt;  // we hold mu_: see NoInterruptGuard
+    vnpuError_t first = vnpuSuccess;
+    auto keep = [&first](vnpuError_t e) {
+      if (first == vnpuSuccess) first = e;
+    };
+    {
+      DeviceIndex prev = ExchangeDevice(device_);  // vnpuEventSynchronize reports the current device's error
+      for (auto& [e, b] : events_) keep(vnpuEventSynchronize(e));
+      set_device(prev);
     }
+    process_events();
+    for (Block* b : releasable()) keep(release_block(b));
+    return first;
+  }
+
+  // Free blocks whose memory can go back: unsplit classic segments, expandable blocks holding whole pages.
+  std::vector<Block*> releasable() {
+    std::vector<Block*> out;
+    for (BlockPool* pool : {&small_, &large_}) {
+      for (Block* b : *pool) {
+        if (b->expandable != nullptr || !b->is_split()) out.push_back(b);
+      }
+    }
+    return out;
+  }
+
+  vnpuError_t release_block(Block* b) {
+    if (b->expandable != nullptr) return unmap_pages(b);
+    vnpuError_t err = vnpuFree(b->ptr);  // synchronizes the device, like cudaFree
+    if (err == vnpuErrorInvalidValue) return err;  // not a block of the device: nothing was freed
+    BlockPool& pool = *b->pool;
+    pool.erase(b);  // freed even if a pending kernel error is reported: See Note [Errors while releasing memory]
+    ++stats_.num_device_free;
+    update(stats_.segment, pool, 1, false);
+    update(stats_.reserved_bytes, pool, b->size, false);
+    if (b->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
+    segments_.erase(b);
+    delete b;
+    return err;
+  }
+
+  // garbage_collection_threshold: above threshold x capacity reserved, release cached blocks, least
+  // recently freed first, until back under it (before new device memory is taken).
+  void garbage_collect() {
+    if (cfg_.garbage_collection_threshold <= 0 || capacity_ == 0) return;
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    const auto target = static_cast<int64_t>(cfg_.garbage_collection_threshold * static_cast<double>(capacity_));
+    if (stats_.reserved_bytes[agg].current <= target) return;
+    NoInterruptGuard no_interrupt;
+    std::vector<Block*> candidates = releasable();
+    std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->freed_at < b->freed_at; });
+    vnpuError_t first = vnpuSuccess;
+    for (Block* b : candidates) {
+      if (stats_.reserved_bytes[agg].current <= target) break;
+      vnpuError_t err = release_block(b);
+      if (first == vnpuSuccess) first = err;
+    }
+    VNPU_CHECK(first);
   }
 
   DeviceIndex device_;
+  const AllocatorConfig& cfg_;
+  size_t capacity_ = 0;           // bytes of the device
+  bool use_expandable_ = false;
   std::recursive_mutex mu_;  // guards everything below
   BlockPool small_, large_;
   ska::flat_hash_map<void*, Block*> active_;           // allocated blocks by pointer
-  std::set<Block*> segments_;                          // first block of each segment
+  std::set<Block*> segments_;                          // first block of each classic segment
+  std::map<std::pair<vnpuStream_t, bool>, std::unique_ptr<ExpandableSegment>> expandable_;  // (stream, small)
   std::deque<std::pair<vnpuEvent_t, Block*>> events_;  // pending recordStream events
+  uint64_t free_counter_ = 0;                          // count of frees (garbage collection order)
   DeviceStats stats_;
 };
 
@@ -415,7 +689,16 @@ void recordStream(const DataPtr& ptr, VNPUStream stream) {
 }
 
 void emptyCache() {
-  for (DeviceIndex d = 0; d < device_count(); ++d) device_allocator(d).empty_cache();
+  // Every device is emptied even if one reports a pending kernel error; the first error is raised.
+  std::exception_ptr first;
+  for (DeviceIndex d = 0; d < device_count(); ++d) {
+    try {
+      device_allocator(d).empty_cache();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 DeviceStats getDeviceStats(DeviceIndex d) { return device_allocator(d).stats(); }

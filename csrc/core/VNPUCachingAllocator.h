@@ -11,7 +11,13 @@
 // from 20 MiB segments (requests < 10 MiB) or exact 2 MiB-rounded segments.
 // Blocks are split on allocation and merged with free neighbours on free.
 // Segments go back to the device only in emptyCache or when an allocation
-// would otherwise fail (then OutOfMemoryError if it still fails).
+// would otherwise fail (then OutOfMemoryError if it still fails; it says when
+// the free memory is there but fragmented).
+//
+// Settings (VNPUAllocatorConfig.h): PYTORCH_VNPU_ALLOC_CONF, else
+// PYTORCH_ALLOC_CONF, read once. With expandable_segments:True each stream and
+// pool has one segment mapped page by page from anywhere in the device's free
+// memory (the runtime's vnpuMem* calls): see Note [Expandable segments].
 //
 // Threads: one mutex per device guards that device's pools, blocks and stats.
 // Statistics are bytes or counts, in the format of torch.cuda.memory_stats.

@@ -1,10 +1,14 @@
 #include "VNPUException.h"
 
+#include <atomic>
 #include <string>
 
 namespace c10::vnpu {
 
 namespace {
+
+std::atomic<InterruptRaiser> g_interrupt_raiser{nullptr};
+thread_local int t_no_interrupt_depth = 0;
 
 // Runtime errors become torch.AcceleratorError (a RuntimeError) in Python, as
 // C10_CUDA_CHECK's do for CUDA errors.
@@ -19,6 +23,9 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
                          int line) {
   std::string where = std::string(" (") + expr + " at " + file + ":" + std::to_string(line) + ")";
   switch (err) {
+    case vnpuErrorInterrupted:
+      if (InterruptRaiser raise = g_interrupt_raiser.load()) raise();
+      TORCH_CHECK(false, "vNPU: a wait for the device was interrupted; the work waited for continues", where);
     case vnpuErrorLaunchFailure:
       // As on CUDA, an asynchronous kernel failure surfaces at the next
       // synchronizing call, carrying the kernel's name and its own message.
@@ -38,5 +45,11 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
       throw_accelerator_error(err, func, file, line, std::string("vNPU error: ") + vnpuGetErrorString(err) + where);
   }
 }
+
+void set_interrupt_raiser(InterruptRaiser raiser) { g_interrupt_raiser.store(raiser); }
+
+NoInterruptGuard::NoInterruptGuard() { ++t_no_interrupt_depth; }
+NoInterruptGuard::~NoInterruptGuard() { --t_no_interrupt_depth; }
+bool interrupts_allowed() { return t_no_interrupt_depth == 0; }
 
 }  // namespace c10::vnpu

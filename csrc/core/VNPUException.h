@@ -9,9 +9,30 @@
 
 namespace c10::vnpu {
 
-// Throws c10::Error (RuntimeError), c10::OutOfMemoryError or c10::IndexError.
+// Throws c10::Error (RuntimeError), c10::OutOfMemoryError or c10::IndexError;
+// for vnpuErrorInterrupted, whatever the interrupt raiser throws.
 [[noreturn]] C10_NOINLINE void throw_runtime_error(
     vnpuError_t err, const char* expr, const char* file, const char* func, int line);
+
+// Raises the exception that interrupted a host wait (vnpuErrorInterrupted; Note
+// [Interrupting host waits] in csrc/python/Interrupts.cpp). Installed by the
+// Python bindings to re-raise the KeyboardInterrupt (or whatever a Python
+// signal handler raised); without one, a c10::Error says the wait was interrupted.
+using InterruptRaiser = void (*)();  // must throw
+void set_interrupt_raiser(InterruptRaiser raiser);
+
+// Waits of this thread inside the scope are not cut short by interrupts: for
+// code that waits while holding a lock that a thread holding the GIL may need
+// (the caching allocator's; a tensor freed with the GIL held takes it), since
+// polling for signals takes the GIL.
+class NoInterruptGuard {
+ public:
+  NoInterruptGuard();
+  ~NoInterruptGuard();
+  NoInterruptGuard(const NoInterruptGuard&) = delete;
+  NoInterruptGuard& operator=(const NoInterruptGuard&) = delete;
+};
+bool interrupts_allowed();
 
 }  // namespace c10::vnpu
 

@@ -45,16 +45,19 @@ c10::intrusive_ptr<c10::TensorImpl> VNPUGeneratorImpl::get_state() const {
 }
 
 void VNPUGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  TORCH_CHECK_TYPE(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
-                   "expected a torch.ByteTensor as the vnpu RNG state, but got ", new_state.dtype());
-  TORCH_CHECK(new_state.numel() == 16,
-              "expected a vnpu RNG state of 16 bytes (seed, offset), but got ", new_state.numel(),
-              " bytes");
+  // As CUDAGeneratorImpl::set_state: a contiguous CPU torch.ByteTensor (a vnpu tensor is rejected, as
+  // a cuda one is on CUDA: its bytes may not even be written yet). Unlike CUDA, everything is
+  // checked before anything changes, so a rejected state leaves the generator as it was.
+  at::detail::check_rng_state(new_state);
+  TORCH_CHECK(new_state.numel() == 16, "RNG state is wrong size: expected a vnpu RNG state of 16 bytes (seed, ",
+              "offset, as from torch.vnpu.get_rng_state()), but got ", new_state.numel(), " bytes");
   const auto* p = static_cast<const uint8_t*>(new_state.data());
-  uint64_t offset = 0;
-  std::memcpy(&seed_, p, 8);
+  uint64_t seed = 0, offset = 0;
+  std::memcpy(&seed, p, 8);
   std::memcpy(&offset, p + 8, 8);
-  set_offset(offset);
+  TORCH_CHECK(offset % 4 == 0, "RNG state is invalid: its offset must be a multiple of 4, but got ", offset);
+  seed_ = seed;
+  offset_ = offset;
 }
 
 std::pair<uint64_t, uint64_t> VNPUGeneratorImpl::philox_engine_inputs(uint64_t increment) {

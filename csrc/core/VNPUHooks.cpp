@@ -14,6 +14,7 @@ void VNPUHooks::init() const {
   TORCH_CHECK(!c10::vnpu::is_in_bad_fork(),
               "Cannot re-initialize vNPU in forked subprocess. To use vNPU with multiprocessing, you must use "
               "the 'spawn' start method");
+  VNPU_CHECK(vnpuInit(0));  // as CUDAHooks::init creates the context
 }
 
 bool VNPUHooks::hasPrimaryContext(DeviceIndex device_index) const {

@@ -63,6 +63,18 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   }));
 }
 
+// A blocking copy with pinned memory waits for it; if that wait is interrupted (Ctrl-C: Note
+// [Interrupting host waits]) the copy is still queued, so the pinned block stays out of the host
+// allocator's cache until it has run, as for a non_blocking copy.
+void synchronize_or_record(const Tensor& pinned, const c10::vnpu::VNPUStream& stream) {
+  try {
+    stream.synchronize();
+  } catch (...) {
+    record_pinned(pinned, stream);
+    throw;
+  }
+}
+
 void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentVNPUStream(dst.device().index());
@@ -74,7 +86,7 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
     // pinned block out of the host allocator's cache until the copy has run.
     if (src.is_pinned()) {
       if (non_blocking) record_pinned(src, stream);
-      else stream.synchronize();
+      else synchronize_or_record(src, stream);
     }
     return;
   }
@@ -103,7 +115,7 @@ void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
                                stream.stream()));
     if (dst.is_pinned()) {
       if (non_blocking) record_pinned(dst, stream);
-      else stream.synchronize();
+      else synchronize_or_record(dst, stream);
     }
     return;
   }

@@ -1,6 +1,8 @@
 // torch_vnpu._C: the Python bindings behind torch.vnpu (private API; the
 // public surface is the torch_vnpu.vnpu package, mirroring torch.cuda).
+#include "../core/VNPUAllocatorConfig.h"
 #include "../core/VNPUCachingAllocator.h"
+#include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUGeneratorImpl.h"
 #include "../core/VNPUHooks.h"
@@ -12,6 +14,7 @@
 #include "../ops/Interrupts.h"
 #include "../ops/OpStats.h"
 #include "../ops/WorkerWarnings.h"
+#include "Interrupts.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -20,6 +23,9 @@
 #include <torch/csrc/Generator.h>
 
 #include <vnpu/runtime.h>
+
+#include <chrono>
+#include <thread>
 
 namespace py = pybind11;
 
@@ -81,7 +87,7 @@ py::list snapshot_segments() {
     d["stream"] = reinterpret_cast<uintptr_t>(seg.stream);
     d["segment_type"] = seg.is_large ? "large" : "small";
     d["segment_pool_id"] = py::make_tuple(0, 0);
-    d["is_expandable"] = false;
+    d["is_expandable"] = seg.is_expandable;
     d["frames"] = py::list();
     py::list blocks;
     size_t addr = seg.address;
@@ -129,8 +135,14 @@ PYBIND11_MODULE(_C, m) {
   at::vnpu::register_sparse_kernel_overrides();
   at::vnpu::release_openmp_pool_when_workers_idle();
   at::vnpu::set_interrupt_test(&is_python_interrupt);
+  torch_vnpu::install_interrupt_handling();
 
   m.def("_device_count", &c10::vnpu::device_count);
+  // Discovery (device_count, properties) does not initialize; _init does (Note [Discovery and initialization]).
+  m.def("_init", [] { VNPU_CHECK(vnpuInit(0)); });
+  m.def("_is_initialized", [] { return vnpuIsInitialized() != 0; });
+  m.def("_configuration_warnings", [] { return std::string(vnpuGetConfigurationWarningString()); });
+  m.def("_check_device_index", &c10::vnpu::check_device_index);
   m.def("_current_device", &c10::vnpu::current_device);
   m.def("_set_device", &c10::vnpu::set_device);
   m.def("_exchange_device", &c10::vnpu::ExchangeDevice);
@@ -144,8 +156,17 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(std::string(p.name), p.totalGlobalMem, p.multiProcessorCount, p.major, p.minor);
   });
   m.def("_launch_blocking", [] {
-    const char* v = std::getenv("VNPU_LAUNCH_BLOCKING");
-    return v != nullptr && std::string(v) == "1";
+    int on = 0;
+    vnpuGetEnvFlag("VNPU_LAUNCH_BLOCKING", 0, &on);  // the runtime's rule (Note [Boolean environment variables])
+    return on != 0;
+  });
+  // torch.cuda._sleep's counterpart: the current stream spins for `cycles` ns (a 1 GHz clock).
+  m.def("_sleep", [](int64_t cycles) {
+    TORCH_CHECK(cycles >= 0, "_sleep: expected cycles >= 0, but got ", cycles);
+    auto s = c10::vnpu::getCurrentVNPUStream();
+    VNPU_CHECK(vnpuLaunchKernel(s.stream(), "vnpu::sleep", [cycles] {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(cycles));
+    }));
   });
 
   // Streams: (stream_id, device_index, device_type) triples, as torch.cuda uses.
@@ -178,6 +199,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_peak_memory_stats", &c10::vnpu::allocator::resetPeakStats);
   m.def("_reset_accumulated_memory_stats", &c10::vnpu::allocator::resetAccumulatedStats);
   m.def("_mem_get_info", [](c10::DeviceIndex d) { return c10::vnpu::allocator::get()->getMemoryInfo(d); });
+  // Parses an allocator configuration as if PYTORCH_VNPU_ALLOC_CONF held it (tests; the allocator itself
+  // reads its settings once): warnings become Python warnings, malformed values raise ValueError.
+  m.def("_parse_allocator_config", [](const std::string& text) {
+    torch::PyWarningHandler warnings_to_python;
+    auto c = c10::vnpu::allocator::parse_config(text, "PYTORCH_VNPU_ALLOC_CONF");
+    py::dict d;
+    d["expandable_segments"] = c.expandable_segments;
+    d["max_split_size"] = c.max_split_size;
+    d["max_non_split_rounding"] = c.max_non_split_rounding;
+    d["large_segment_size"] = c.large_segment_size;
+    d["garbage_collection_threshold"] = c.garbage_collection_threshold;
+    d["roundup_power2_divisions"] = c.roundup_power2_divisions;
+    return d;
+  });
   m.def("_host_empty_cache", [] { at::vnpu::getVNPUHostAllocator()->empty_cache(); });
 
   // Random.

@@ -38,7 +38,10 @@ void ExpectDeviceWorks() {
 
 TEST(ErrorStringTest, EveryCodeHasADistinctMessage) {
   std::set<std::string> seen;
-  for (int code = vnpuSuccess; code <= vnpuErrorForkedAfterInit; ++code) {
+  for (int code : {vnpuSuccess, vnpuErrorInvalidValue, vnpuErrorMemoryAllocation, vnpuErrorInvalidDevice,
+                   vnpuErrorNotReady, vnpuErrorInvalidResourceHandle, vnpuErrorLaunchFailure,
+                   vnpuErrorForkedAfterInit, vnpuErrorInvalidConfiguration, vnpuErrorNotSupported,
+                   vnpuErrorInterrupted}) {
     const char* s = vnpuGetErrorString(static_cast<vnpuError_t>(code));
     ASSERT_NE(s, nullptr);
     EXPECT_STRNE(s, "") << "code " << code;
@@ -252,9 +255,58 @@ TEST(ErrorEnvTest, LaunchBlockingReturnsKernelErrorsFromTheLaunch) {
   EXPECT_EQ(RunScenario("LaunchBlocking", {"VNPU_LAUNCH_BLOCKING=1"}), 0);
 }
 
+// A value the boolean rule does not understand: asynchronous (the default),
+// and the variable and its value are named in the configuration warnings.
+VNPU_CHILD_SCENARIO(LaunchBlockingNotUnderstood) {
+  CHILD_CHECK_EQ(vnpuLaunchKernel(nullptr, "async_kernel", Throwing("later")), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(nullptr), vnpuErrorLaunchFailure);
+  const std::string w = vnpuGetConfigurationWarningString();
+  const std::string expected = std::string("VNPU_LAUNCH_BLOCKING: '") + std::getenv("VNPU_LAUNCH_BLOCKING") + "'";
+  CHILD_CHECK(w.find(expected) != std::string::npos);
+  CHILD_CHECK(w.find("valid values are 0 or 1") != std::string::npos);
+  return 0;
+}
+
+VNPU_CHILD_SCENARIO(NoConfigurationWarnings) {
+  CHILD_CHECK(std::string(vnpuGetConfigurationWarningString()).empty());
+  return 0;
+}
+
 TEST(ErrorEnvTest, LaunchBlockingOnlyForTheValueOne) {
   EXPECT_EQ(RunScenario("LaunchNotBlocking"), 0);
   EXPECT_EQ(RunScenario("LaunchNotBlocking", {"VNPU_LAUNCH_BLOCKING=0"}), 0);
+  EXPECT_EQ(RunScenario("NoConfigurationWarnings", {"VNPU_LAUNCH_BLOCKING=0"}), 0);
+  EXPECT_EQ(RunScenario("NoConfigurationWarnings", {"VNPU_LAUNCH_BLOCKING=1"}), 0);
+  // PyTorch's rule (c10::utils::check_env): only "1" and "0"; anything else is reported, not guessed.
+  for (const char* v : {"true", "TRUE", "yes", "2", " 1", "1 ", "on", ""}) {
+    EXPECT_EQ(RunScenario("LaunchBlockingNotUnderstood", {std::string("VNPU_LAUNCH_BLOCKING=") + v}), 0)
+        << "VNPU_LAUNCH_BLOCKING='" << v << "'";
+  }
+}
+
+TEST(ErrorEnvTest, GetEnvFlagFollowsOneRule) {
+  const char* name = "VNPU_TEST_FLAG_RULE";
+  int v = -1;
+  unsetenv(name);
+  EXPECT_EQ(vnpuGetEnvFlag(name, 1, &v), vnpuSuccess);
+  EXPECT_EQ(v, 1) << "unset: the default";
+  EXPECT_EQ(vnpuGetEnvFlag(name, 0, &v), vnpuSuccess);
+  EXPECT_EQ(v, 0);
+  setenv(name, "1", 1);
+  EXPECT_EQ(vnpuGetEnvFlag(name, 0, &v), vnpuSuccess);
+  EXPECT_EQ(v, 1);
+  setenv(name, "0", 1);
+  EXPECT_EQ(vnpuGetEnvFlag(name, 1, &v), vnpuSuccess);
+  EXPECT_EQ(v, 0);
+  for (const char* bad : {"true", "False", "yes", "2", " 1", ""}) {
+    setenv(name, bad, 1);
+    v = -1;
+    EXPECT_EQ(vnpuGetEnvFlag(name, 1, &v), vnpuErrorInvalidValue) << "'" << bad << "'";
+    EXPECT_EQ(v, 1) << "a value not understood keeps the default";
+  }
+  unsetenv(name);
+  EXPECT_EQ(vnpuGetEnvFlag(nullptr, 0, &v), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuGetEnvFlag(name, 0, nullptr), vnpuErrorInvalidValue);
 }
 
 // ---- fork ---------------------------------------------------------------------------------
@@ -365,5 +417,77 @@ VNPU_CHILD_SCENARIO(ForkBeforeInit) {
 }
 
 TEST(ErrorEnvTest, ForkBeforeInitIsAllowed) { EXPECT_EQ(RunScenario("ForkBeforeInit"), 0); }
+
+// Forks and runs `body` in the child; the child's exit code (0 = ok), 128 + signal if it died.
+template <class F>
+int InForkedChild(F body) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    alarm(20);  // a hung child dies instead of hanging the test
+    _exit(body());
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int ChildUsesTheDevice() {
+  if (vnpuIsInBadFork() != 0) return 2;
+  void* d = nullptr;
+  if (vnpuMalloc(&d, sizeof(int)) != vnpuSuccess) return 3;
+  int in = 77, out = 0;
+  if (vnpuMemcpy(d, &in, sizeof(int), vnpuMemcpyHostToDevice) != vnpuSuccess) return 4;
+  if (vnpuLaunchKernel(nullptr, "inc", [d] { *static_cast<int*>(d) += 1; }) != vnpuSuccess) return 5;
+  if (vnpuMemcpy(&out, d, sizeof(int), vnpuMemcpyDeviceToHost) != vnpuSuccess) return 6;
+  if (vnpuFree(d) != vnpuSuccess) return 7;
+  return out == 78 ? 0 : 8;
+}
+
+// Discovery (count, properties, current device) does not initialize: a child
+// forked after it uses its own runtime, and its device memory is its own (the
+// parent's later allocations and writes do not show through). vnpuInit then
+// initializes: the next child is a bad fork.
+VNPU_CHILD_SCENARIO(DiscoveryIsNotInitialization) {
+  int n = 0;
+  CHILD_CHECK_EQ(vnpuGetDeviceCount(&n), vnpuSuccess);
+  vnpuDeviceProp p{};
+  CHILD_CHECK_EQ(vnpuGetDeviceProperties(&p, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSetDevice(0), vnpuSuccess);
+  size_t free_b = 0, total_b = 0;
+  CHILD_CHECK_EQ(vnpuMemGetInfo(&free_b, &total_b), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuIsInitialized(), 0);
+  CHILD_CHECK_EQ(InForkedChild(ChildUsesTheDevice), 0);
+  CHILD_CHECK_EQ(vnpuIsInitialized(), 0);
+  CHILD_CHECK_EQ(vnpuInit(1), vnpuErrorInvalidValue);
+  CHILD_CHECK_EQ(vnpuInit(0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuIsInitialized(), 1);
+  CHILD_CHECK_EQ(InForkedChild([] {
+                   if (vnpuIsInBadFork() != 1 || vnpuIsInitialized() != 0) return 2;
+                   void* d = nullptr;
+                   return vnpuMalloc(&d, 64) == vnpuErrorForkedAfterInit && vnpuInit(0) == vnpuErrorForkedAfterInit
+                              ? 0 : 3;
+                 }),
+                 0);
+  CHILD_CHECK_EQ(ChildUsesTheDevice(), 0);  // the parent itself is fine
+  return 0;
+}
+
+// An allocation initializes the runtime by itself (no vnpuInit).
+VNPU_CHILD_SCENARIO(AllocationInitializes) {
+  CHILD_CHECK_EQ(vnpuIsInitialized(), 0);
+  void* d = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(&d, 64), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuIsInitialized(), 1);
+  CHILD_CHECK_EQ(InForkedChild([] { return vnpuIsInBadFork() == 1 ? 0 : 2; }), 0);
+  CHILD_CHECK_EQ(vnpuFree(d), vnpuSuccess);
+  return 0;
+}
+
+TEST(ErrorEnvTest, DiscoveryDoesNotInitializeButUseDoes) {
+  EXPECT_EQ(RunScenario("DiscoveryIsNotInitialization"), 0);
+  EXPECT_EQ(RunScenario("AllocationInitializes"), 0);
+}
 
 }  // namespace

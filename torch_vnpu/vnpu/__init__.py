@@ -48,6 +48,21 @@ from .random import (
     set_rng_state_all,
 )
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream, StreamContext
+from ._storage import (  # legacy typed storages, as torch.cuda.*Storage
+    BFloat16Storage,
+    BoolStorage,
+    ByteStorage,
+    CharStorage,
+    ComplexDoubleStorage,
+    ComplexFloatStorage,
+    DoubleStorage,
+    FloatStorage,
+    HalfStorage,
+    IntStorage,
+    LongStorage,
+    ShortStorage,
+)
+from ._storage import __all__ as _storage_all
 
 __all__ = [
     "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
@@ -59,16 +74,28 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
     "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
     "synchronize",
-]
+] + _storage_all
 
-_initialized = False
+_initialized = False  # this process called _C._init() (the runtime's own flag is the truth)
 _init_lock = threading.Lock()
+_configuration_warned = False
 
 _device_t = Union[torch.device, str, int, None]
 
 
+def _warn_configuration_once() -> None:
+    """Issues the runtime's warnings about VNPU_* values it did not understand (once per process)."""
+    global _configuration_warned
+    if not _configuration_warned:
+        _configuration_warned = True
+        for line in _C._configuration_warnings().splitlines():
+            warnings.warn(line, UserWarning, stacklevel=4)
+
+
 def _lazy_init() -> None:
-    """Initializes the device on first use; refuses to run in a bad fork (as CUDA)."""
+    """Initializes the device on first use (torch calls this before creating vnpu tensors); refuses to
+    run in a child forked after the parent initialized vnpu (as CUDA). Discovery (``device_count``,
+    seeding) does not initialize; see Note [Discovery and initialization] in the runtime."""
     global _initialized
     if _initialized and not _C._is_in_bad_fork():
         return
@@ -78,6 +105,8 @@ def _lazy_init() -> None:
                 "Cannot re-initialize vNPU in forked subprocess. To use vNPU with multiprocessing, "
                 "you must use the 'spawn' start method"
             )
+        _warn_configuration_once()
+        _C._init()
         _initialized = True
 
 
@@ -102,8 +131,11 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """True once vnpu was used in this process (False in a child forked after that, as for CUDA)."""
-    return _initialized and not _C._is_in_bad_fork()
+    """True once vnpu was initialized in this process: by a call that initializes as on CUDA
+    (``init``, ``get_device_properties``, ``current_device``, ``set_device``, creating a tensor or a
+    stream, ``get_rng_state``), not by ``device_count``/``is_available`` or seeding. False in a child
+    forked after that (as for CUDA), which then cannot use vnpu."""
+    return bool(_C._is_initialized())
 
 
 def init() -> None:
@@ -112,7 +144,9 @@ def init() -> None:
 
 
 def device_count() -> int:
-    """Number of visible devices (``VNPU_DEVICE_COUNT``/``VNPU_VISIBLE_DEVICES``). Never raises."""
+    """Number of visible devices (``VNPU_DEVICE_COUNT``/``VNPU_VISIBLE_DEVICES``). Never raises and does
+    not initialize the device (a fork afterwards leaves vnpu usable in the child, as CUDA's)."""
+    _warn_configuration_once()
     return int(_C._device_count())
 
 
@@ -213,6 +247,13 @@ def _is_in_bad_fork() -> bool:
     return bool(_C._is_in_bad_fork())
 
 
+def _sleep(cycles: int) -> None:
+    """Keeps the current stream busy for ``cycles`` nanoseconds (the vNPU's clock is 1 GHz), as
+    ``torch.cuda._sleep`` spins a CUDA stream: a test helper for asynchronous behaviour."""
+    _lazy_init()
+    _C._sleep(int(cycles))
+
+
 _at_exit_installed = False
 
 
@@ -225,7 +266,7 @@ def _install_at_exit() -> None:
 
 
 def _drain_at_exit() -> None:
-    if _initialized and not _is_in_bad_fork():
+    if is_initialized():
         for i in range(device_count()):
             try:
                 _C._synchronize(i)

@@ -22,9 +22,18 @@ bool kind_ok(void* dst, const void* src, vnpuMemcpyKind kind) {
 
 vnpuError_t finish(vnpuStream_st* s, bool wait) {
   if (!wait && !launch_blocking()) return vnpuSuccess;
-  s->wait_idle();
+  if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(s->device);
 }
+
+// A copy into pageable host memory whose waiting caller may give up (Note
+// [Interruptible waits]): the caller then owns its buffer again, so the task
+// must not write it any more. The worker copies under the lock; the caller
+// marks the copy abandoned under it, waiting at most for a copy in progress.
+struct PendingHostCopy {
+  std::mutex mu;  // guards abandoned; held by the worker while it copies
+  bool abandoned = false;
+};
 
 }  // namespace
 
@@ -32,25 +41,35 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                             vnpuStream_t stream) {
   if (count == 0) return vnpuSuccess;
   if (dst == nullptr || src == nullptr || !kind_ok(dst, src, kind)) return vnpuErrorInvalidValue;
-  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  bool wait = false;
   if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
     // Stage pageable memory now so the caller may reuse its buffer at once.
     std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
     if (!staged) return vnpuErrorMemoryAllocation;
     std::memcpy(staged.get(), src, count);
     s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); });
+  } else if (kind == vnpuMemcpyDeviceToHost && !is_pinned(dst)) {
+    auto pending = std::make_shared<PendingHostCopy>();
+    s->submit("memcpy DtoH", [dst, src, count, pending] {
+      std::lock_guard<std::mutex> g(pending->mu);
+      if (!pending->abandoned) std::memmove(dst, src, count);
+    });
+    if (!s->wait_idle(/*interruptible=*/true)) {
+      std::lock_guard<std::mutex> g(pending->mu);
+      pending->abandoned = true;
+      return vnpuErrorInterrupted;
+    }
+    return take_device_error(s->device);
   } else {
     const char* name = kind == vnpuMemcpyDeviceToHost ? "memcpy DtoH"
                        : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
                        : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
                                                           : "memcpy HtoH";
     s->submit(name, [dst, src, count] { std::memmove(dst, src, count); });
-    wait = kind == vnpuMemcpyDeviceToHost && !is_pinned(dst);  // pageable destination
   }
-  return finish(s, wait);
+  return finish(s, /*wait=*/false);
 }
 
 vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind) {
@@ -62,7 +81,8 @@ vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind 
 vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream) {
   if (count == 0) return vnpuSuccess;
   if (dst == nullptr || device_of(dst) < 0) return vnpuErrorInvalidValue;
-  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  // (no workers in a forked child: work would never run)
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   s->submit("memset", [dst, value, count] { std::memset(dst, value, count); });

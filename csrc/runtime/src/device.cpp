@@ -1,8 +1,22 @@
-// Devices: discovery from the environment, current device, properties, fork safety.
+// Devices: discovery from the environment, initialization, current device, properties, fork safety.
+//
+// Note [Discovery and initialization]
+// Discovery (the first call of any kind) reads the VNPU_* variables, creates
+// the device objects and reserves each device's address range with no access
+// and no backing. Initialization (vnpuInit, or the first call that needs a
+// context: allocating device memory, starting a stream's work, VMM calls)
+// backs that range with the device's physical pages. Only initialization
+// counts for fork(): a child forked after it cannot use the runtime (the
+// parent's stream workers do not exist there, and its device memory is a
+// shared mapping of the parent's pages), while a child forked after mere
+// discovery (vnpuGetDeviceCount, vnpuGetDeviceProperties, vnpuSetDevice)
+// initializes a runtime of its own, as torch.cuda's device_count() leaves
+// CUDA usable in a child.
 #include "internal.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -14,9 +28,30 @@ namespace {
 
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_bad_fork{false};
+std::mutex g_init_mu;  // serializes initialize()
 constexpr int kMaxDevices = 64;
 constexpr size_t kDefaultCapacity = size_t(8) << 30;
-std::string g_config_error;  // written once, before g_initialized is set
+std::string g_config_error;     // written once, during discovery
+std::string g_config_warnings;  // written once, during discovery
+bool g_launch_blocking = false;  // VNPU_LAUNCH_BLOCKING, read during discovery
+
+// Note [Boolean environment variables]
+// One rule for every boolean VNPU_* variable, PyTorch's own (c10::utils::check_env
+// in torch 2.13): "1" is on, "0" is off, unset keeps the default. Anything else
+// ("true", "yes", " 1", "2", "") is not understood: the default applies and the
+// value is reported, never silently taken either way.
+bool parse_flag(const char* name, bool default_value, std::string* warning) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return default_value;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  if (warning != nullptr) {
+    *warning = std::string("Ignoring invalid value for boolean flag ") + name + ": '" + v +
+               "'; valid values are 0 or 1 (as PyTorch's own flags). Using the default (" +
+               (default_value ? "1" : "0") + ").";
+  }
+  return default_value;
+}
 
 // Parses "8G", "512M", "1.5g", "64MB", "1073741824" (decimal digits with an
 // optional fraction, then an optional K/M/G/T and B); false on anything else,
@@ -48,6 +83,27 @@ void on_fork_child() {
   if (g_initialized.load()) g_bad_fork.store(true);
 }
 
+size_t region_bytes(const MemoryRegion& m) { return m.capacity == 0 ? 4096 : m.capacity; }
+
+// Backs a device's reserved range with its physical pages: a memfd mapped shared
+// (so vnpuMemMap can map the same pages elsewhere), or private anonymous memory
+// if memfd is unavailable (then the VMM calls report vnpuErrorNotSupported).
+void back_region(MemoryRegion& m, int physical) {
+  const size_t bytes = region_bytes(m);
+  const std::string name = "vnpu-device" + std::to_string(physical);
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd >= 0) {
+    if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+        mmap(m.base, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) != MAP_FAILED) {
+      m.fd = fd;
+      return;
+    }
+    close(fd);
+  }
+  // MAP_FIXED over our own reservation cannot fail for lack of address space.
+  mmap(m.base, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+}
+
 std::vector<int> visible_physical_ids(int physical_count) {
   std::vector<int> ids;
   const char* vis = std::getenv("VNPU_VISIBLE_DEVICES");
@@ -73,6 +129,9 @@ std::vector<int> visible_physical_ids(int physical_count) {
 std::vector<Device*>* create_devices() {
   pthread_atfork(nullptr, nullptr, on_fork_child);
   auto* list = new std::vector<Device*>();
+  std::string warning;
+  g_launch_blocking = parse_flag("VNPU_LAUNCH_BLOCKING", false, &warning);
+  if (!warning.empty()) g_config_warnings += warning + "\n";
   int physical = 2;
   if (const char* c = std::getenv("VNPU_DEVICE_COUNT")) {
     char* end = nullptr;
@@ -80,7 +139,6 @@ std::vector<Device*>* create_devices() {
     if (end == c || *end != '\0' || n < 0 || n > kMaxDevices) {
       g_config_error = std::string("VNPU_DEVICE_COUNT=") + c + " is not a device count; use an integer in [0, " +
                        std::to_string(kMaxDevices) + "]";
-      g_initialized.store(true);
       return list;
     }
     physical = static_cast<int>(n);
@@ -90,7 +148,6 @@ std::vector<Device*>* create_devices() {
     if (!parse_bytes_strict(m, &capacity)) {
       g_config_error = std::string("VNPU_MEMORY_PER_DEVICE=") + m +
                        " is not a size; use bytes or a number with a K/M/G/T suffix, e.g. 8G or 512M";
-      g_initialized.store(true);
       return list;
     }
   }
@@ -99,12 +156,12 @@ std::vector<Device*>* create_devices() {
     d->index = static_cast<int>(list->size());
     d->physical = phys;
     d->mem.capacity = capacity;
-    void* base = mmap(nullptr, capacity == 0 ? 4096 : capacity, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // Address space only (no access, no backing): see Note [Discovery and initialization].
+    void* base = mmap(nullptr, region_bytes(d->mem), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
       const int index = d->index;
       delete d;
-      for (Device* x : *list) munmap(x->mem.base, x->mem.capacity == 0 ? 4096 : x->mem.capacity);
+      for (Device* x : *list) munmap(x->mem.base, region_bytes(x->mem));
       list->clear();  // (their default streams have no worker yet)
       g_config_error = "cannot reserve " + std::to_string(capacity) + " bytes of address space for vnpu:" +
                        std::to_string(index) + " (VNPU_MEMORY_PER_DEVICE); lower it or VNPU_DEVICE_COUNT";
@@ -119,7 +176,6 @@ std::vector<Device*>* create_devices() {
     d->streams.push_back(s);
     list->push_back(d);
   }
-  g_initialized.store(true);
   return list;
 }
 
@@ -130,12 +186,37 @@ std::vector<Device*>& devices() {
   return *list;
 }
 
+vnpuError_t initialize() {
+  if (g_bad_fork.load()) return vnpuErrorForkedAfterInit;
+  if (g_initialized.load(std::memory_order_acquire)) return vnpuSuccess;
+  std::vector<Device*>& list = devices();
+  std::lock_guard<std::mutex> g(g_init_mu);
+  if (!g_initialized.load()) {
+    for (Device* d : list) back_region(d->mem, d->physical);
+    g_initialized.store(true, std::memory_order_release);
+  }
+  return vnpuSuccess;
+}
+
 bool launch_blocking() {
-  static const bool blocking = [] {
-    const char* v = std::getenv("VNPU_LAUNCH_BLOCKING");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return blocking;
+  devices();
+  return g_launch_blocking;
+}
+
+bool wait_device_idle(int device, bool interruptible) {
+  Device* d = devices()[device];
+  std::vector<vnpuStream_st*> streams;
+  {
+    // Copied, not held while waiting: a wait-interrupt hook may take other
+    // locks (the GIL) that a thread creating a stream holds. Stream objects
+    // are never freed, so the copies stay valid.
+    std::lock_guard<std::mutex> g(d->streams_mu);
+    streams = d->streams;
+  }
+  for (auto* s : streams) {
+    if (!s->wait_idle(interruptible)) return false;
+  }
+  return true;
 }
 
 int& current_device() {
@@ -152,6 +233,26 @@ bool valid_device(int device) {
 using namespace vnpu::rt;
 
 int vnpuIsInBadFork() { return g_bad_fork.load() ? 1 : 0; }
+
+vnpuError_t vnpuInit(unsigned flags) {
+  if (flags != 0) return vnpuErrorInvalidValue;
+  return initialize();
+}
+
+int vnpuIsInitialized() { return g_initialized.load() && !g_bad_fork.load() ? 1 : 0; }
+
+const char* vnpuGetConfigurationWarningString() {
+  devices();
+  return g_config_warnings.c_str();
+}
+
+vnpuError_t vnpuGetEnvFlag(const char* name, int default_value, int* value) {
+  if (name == nullptr || value == nullptr) return vnpuErrorInvalidValue;
+  const char* v = std::getenv(name);
+  *value = parse_flag(name, default_value != 0, nullptr) ? 1 : 0;
+  const bool understood = v == nullptr || std::strcmp(v, "1") == 0 || std::strcmp(v, "0") == 0;
+  return understood ? vnpuSuccess : vnpuErrorInvalidValue;
+}
 
 vnpuError_t vnpuGetDeviceCount(int* count) {
   if (count == nullptr) return vnpuErrorInvalidValue;
@@ -195,11 +296,6 @@ vnpuError_t vnpuDeviceSynchronize() {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   int dev = current_device();
   if (!valid_device(dev)) return vnpuErrorInvalidDevice;
-  Device* d = devices()[dev];
-  {
-    // Held while waiting so no stream is destroyed under us.
-    std::lock_guard<std::mutex> g(d->streams_mu);
-    for (auto* s : d->streams) s->wait_idle();
-  }
+  if (!wait_device_idle(dev, /*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(dev);
 }

@@ -56,6 +56,8 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorInvalidConfiguration: return "invalid configuration (see vnpuGetConfigurationErrorString)";
     case vnpuErrorForkedAfterInit:
       return "the vNPU runtime cannot be used in a process forked after it was initialized";
+    case vnpuErrorNotSupported: return "operation not supported";
+    case vnpuErrorInterrupted: return "the wait was interrupted (the work waited for continues)";
   }
   return "unknown error";
 }

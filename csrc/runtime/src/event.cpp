@@ -37,7 +37,8 @@ vnpuError_t vnpuEventDestroy(vnpuEvent_t event) {
 
 vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
-  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  // (no workers in a forked child: work would never run)
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   uint64_t gen;
@@ -73,14 +74,16 @@ vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // a pending record would never complete
   std::unique_lock<std::mutex> lk(event->mu);
   uint64_t target = event->recorded;  // See Note [Event lifetime and generations]
-  event->cv.wait(lk, [&] { return event->pending.count(target) == 0; });
+  if (!wait_interruptible(lk, event->cv, [&] { return event->pending.count(target) == 0; }))
+    return vnpuErrorInterrupted;
   lk.unlock();
   return take_device_error(current_device());
 }
 
 vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned /*flags*/) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
-  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // no workers in a forked child: work would never run
+  // (no workers in a forked child: work would never run)
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   uint64_t target;

@@ -8,7 +8,9 @@
 
 #include <vnpu/runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -41,7 +43,9 @@ struct vnpuStream_st {
   bool worker_started = false;
 
   void submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr);
-  void wait_idle();                // blocks until completed == submitted at call
+  // Blocks until completed == submitted at call. An interruptible wait may end
+  // early (returns false) when the wait-interrupt hook asks it to.
+  bool wait_idle(bool interruptible = false);
   bool idle();
 };
 
@@ -66,15 +70,18 @@ struct vnpuEvent_st : std::enable_shared_from_this<vnpuEvent_st> {
 
 namespace vnpu::rt {
 
-// A device's memory: one reserved virtual range of `capacity` bytes
-// (MAP_NORESERVE: unused capacity costs no RAM), carved first-fit.
+// A device's memory (Note [Physical memory and mappings], vmm.cpp): `capacity`
+// bytes of physical pages (a memfd; untouched pages cost no RAM), mapped in
+// full at `base` (the linear range vnpuMalloc hands out). free_ lists the
+// physical offsets no allocation or vnpuMemCreate handle owns.
 struct MemoryRegion {
-  char* base = nullptr;
+  char* base = nullptr;            // reserved at discovery, backed at initialization
   size_t capacity = 0;             // bytes
+  int fd = -1;                     // the memfd of the physical pages; -1: private anonymous memory (no VMM)
   std::mutex mu;                   // guards free_/used_/used_bytes
   std::map<size_t, size_t> free_;  // offset -> bytes
-  std::map<size_t, size_t> used_;  // offset -> bytes
-  size_t used_bytes = 0;
+  std::map<size_t, size_t> used_;  // offset -> bytes (vnpuMalloc blocks)
+  size_t used_bytes = 0;           // bytes owned by vnpuMalloc blocks and vnpuMemCreate handles
 };
 
 struct Device {
@@ -89,7 +96,10 @@ struct Device {
   std::string error_msg;
 };
 
-std::vector<Device*>& devices();   // initializes the runtime on first use
+std::vector<Device*>& devices();   // discovers the devices on first use (no initialization)
+// Initializes the runtime (backs every device's memory) on first call; afterwards a
+// fork() makes the child a bad fork. vnpuErrorForkedAfterInit in such a child.
+vnpuError_t initialize();
 bool launch_blocking();
 int& current_device();             // thread-local
 void set_last_error_message(std::string msg);
@@ -101,7 +111,46 @@ vnpuError_t peek_device_error(int device);
 bool valid_device(int device);
 vnpuStream_st* resolve(vnpuStream_t s);  // null -> default stream of current device
 bool is_pinned(const void* p);
-// Device that owns [p, p+n), or -1 if that range is not inside one allocation region.
+// Device whose memory holds `p` (its linear range or a vnpuMemMap mapping), or -1.
 int device_of(const void* p);
+// Device of a vnpuMemMap-ped address, or -1 (vmm.cpp).
+int mapped_device_of(const void* p, void** base = nullptr, size_t* size = nullptr);
+// Gives the RAM of physical pages [off, off+len) back (they read as zeros afterwards).
+void release_pages(MemoryRegion& m, size_t off, size_t len);
+// Takes `n` bytes (a multiple of 4096) of free physical pages, as one extent or
+// (contiguous = false) as several; false if the device has too little free.
+// Both need m.mu held.
+bool take_physical_locked(MemoryRegion& m, size_t n, bool contiguous,
+                          std::vector<std::pair<size_t, size_t>>* extents);
+// Returns pages to the free list (their RAM to the host).
+void give_physical_locked(MemoryRegion& m, size_t off, size_t len);
+// Waits for every stream of `device`; no error is consumed.
+bool wait_device_idle(int device, bool interruptible);
+
+// Note [Interruptible waits]
+// A host thread blocked in a synchronizing call waits in slices when a
+// wait-interrupt hook is installed (vnpuSetWaitInterruptHook) and runs the
+// hook between slices with no runtime lock held; a nonzero answer ends the
+// wait (vnpuErrorInterrupted). The work waited for is not touched: it keeps
+// running on its stream.
+using WaitHook = int (*)();
+WaitHook wait_hook();
+std::chrono::microseconds wait_slice();
+template <class Pred>
+bool wait_interruptible(std::unique_lock<std::mutex>& lk, std::condition_variable& cv, Pred done,
+                        bool interruptible = true) {
+  for (;;) {
+    WaitHook hook = interruptible ? wait_hook() : nullptr;
+    if (hook == nullptr) {
+      cv.wait(lk, done);
+      return true;
+    }
+    if (cv.wait_for(lk, wait_slice(), done)) return true;
+    lk.unlock();
+    const bool stop = hook() != 0;
+    lk.lock();
+    if (stop) return done();
+  }
+}
 
 }  // namespace vnpu::rt

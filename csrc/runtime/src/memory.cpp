@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -32,9 +33,65 @@ bool is_pinned(const void* p) {
 int device_of(const void* p) {
   auto* c = static_cast<const char*>(p);
   for (Device* d : devices()) {
-    if (c >= d->mem.base && c < d->mem.base + d->mem.capacity) return d->index;
+    if (d->mem.base != nullptr && c >= d->mem.base && c < d->mem.base + d->mem.capacity) return d->index;
   }
-  return -1;
+  return mapped_device_of(p);
+}
+
+bool take_physical_locked(MemoryRegion& m, size_t n, bool contiguous,
+                          std::vector<std::pair<size_t, size_t>>* extents) {
+  // Best fit keeps large holes for large requests.
+  auto best = m.free_.end();
+  for (auto it = m.free_.begin(); it != m.free_.end(); ++it) {
+    if (it->second >= n && (best == m.free_.end() || it->second < best->second)) best = it;
+  }
+  if (best != m.free_.end()) {
+    const size_t off = best->first, len = best->second;
+    m.free_.erase(best);
+    if (len > n) m.free_[off + n] = len - n;
+    extents->emplace_back(off, n);
+    m.used_bytes += n;
+    return true;
+  }
+  if (contiguous || m.capacity - m.used_bytes < n) return false;
+  // Pieces, largest first: as few extents (mappings) as possible.
+  std::vector<std::pair<size_t, size_t>> holes(m.free_.begin(), m.free_.end());
+  std::sort(holes.begin(), holes.end(), [](auto& a, auto& b) { return a.second > b.second; });
+  size_t need = n;
+  for (auto [off, len] : holes) {
+    const size_t take = std::min(len, need);
+    m.free_.erase(off);
+    if (len > take) m.free_[off + take] = len - take;
+    extents->emplace_back(off, take);
+    need -= take;
+    if (need == 0) break;
+  }
+  m.used_bytes += n;
+  return true;
+}
+
+void give_physical_locked(MemoryRegion& m, size_t off, size_t len) {
+  m.used_bytes -= len;
+  release_pages(m, off, len);  // give the RAM back; the pages stay the device's
+  // Insert and coalesce with neighbours.
+  auto next = m.free_.lower_bound(off);
+  if (next != m.free_.end() && off + len == next->first) {
+    len += next->second;
+    next = m.free_.erase(next);
+  }
+  if (next != m.free_.begin()) {
+    auto prevb = std::prev(next);
+    if (prevb->first + prevb->second == off) {
+      prevb->second += len;
+      return;
+    }
+  }
+  m.free_[off] = len;
+}
+
+void release_pages(MemoryRegion& m, size_t off, size_t len) {
+  // Pages of the memfd stay allocated until removed: MADV_DONTNEED would only drop this mapping of them.
+  madvise(m.base + off, len, m.fd >= 0 ? MADV_REMOVE : MADV_DONTNEED);
 }
 
 }  // namespace vnpu::rt
@@ -46,67 +103,46 @@ vnpuError_t vnpuMalloc(void** ptr, size_t size) {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   int dev = current_device();
   if (!valid_device(dev)) return vnpuErrorInvalidDevice;
-  if (size == 0) {
-    *ptr = nullptr;
-    return vnpuSuccess;
-  }
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
+  *ptr = nullptr;
+  if (size == 0) return vnpuSuccess;
+  // Larger sizes would wrap round_up() to 0 and "succeed" with a block of no bytes.
+  if (size > kMaxRequest) return vnpuErrorMemoryAllocation;
   MemoryRegion& m = devices()[dev]->mem;
-  if (size > kMaxRequest) {  // would wrap to 0 and "succeed" with a block of no bytes
-    *ptr = nullptr;
-    return vnpuErrorMemoryAllocation;
-  }
-  size_t n = round_up(size);
+  const size_t n = round_up(size);
   std::lock_guard<std::mutex> g(m.mu);
-  // Best fit keeps large holes for large requests.
-  auto best = m.free_.end();
-  for (auto it = m.free_.begin(); it != m.free_.end(); ++it) {
-    if (it->second >= n && (best == m.free_.end() || it->second < best->second)) best = it;
-  }
-  if (best == m.free_.end()) {
-    *ptr = nullptr;
-    return vnpuErrorMemoryAllocation;
-  }
-  size_t off = best->first, len = best->second;
-  m.free_.erase(best);
-  if (len > n) m.free_[off + n] = len - n;
-  m.used_[off] = n;
-  m.used_bytes += n;
-  *ptr = m.base + off;
+  std::vector<std::pair<size_t, size_t>> extent;
+  if (!take_physical_locked(m, n, /*contiguous=*/true, &extent)) return vnpuErrorMemoryAllocation;
+  m.used_[extent[0].first] = n;
+  *ptr = m.base + extent[0].first;
   return vnpuSuccess;
 }
 
 vnpuError_t vnpuFree(void* ptr) {
   if (ptr == nullptr) return vnpuSuccess;
-  int dev = device_of(ptr);
-  if (dev < 0) return vnpuErrorInvalidValue;
-  // cudaFree semantics: no queued work may still touch the block.
-  int prev = current_device();
-  current_device() = dev;
-  vnpuError_t sync_err = vnpuDeviceSynchronize();
-  current_device() = prev;
-  MemoryRegion& m = devices()[dev]->mem;
+  MemoryRegion* region = nullptr;
+  for (Device* d : devices()) {
+    char* c = static_cast<char*>(ptr);
+    if (d->mem.base != nullptr && c >= d->mem.base && c < d->mem.base + d->mem.capacity) region = &d->mem;
+  }
+  if (region == nullptr) return vnpuErrorInvalidValue;  // (a vnpuMemMap address is unmapped, not freed)
+  const int dev = device_of(ptr);
+  // cudaFree semantics: no queued work may still touch the block. Not
+  // interruptible (Note [Interruptible waits]): the block is freed below. A
+  // pending kernel error is returned, but the block is freed all the same.
+  vnpuError_t sync_err = vnpuErrorForkedAfterInit;  // in a bad fork: no workers to wait for
+  if (!vnpuIsInBadFork()) {
+    wait_device_idle(dev, /*interruptible=*/false);
+    sync_err = take_device_error(dev);
+  }
+  MemoryRegion& m = *region;
   size_t off = static_cast<size_t>(static_cast<char*>(ptr) - m.base);
   std::lock_guard<std::mutex> g(m.mu);
   auto it = m.used_.find(off);
   if (it == m.used_.end()) return vnpuErrorInvalidValue;
-  size_t len = it->second;
+  const size_t len = it->second;
   m.used_.erase(it);
-  m.used_bytes -= len;
-  madvise(m.base + off, len, MADV_DONTNEED);  // give the RAM back; address range stays reserved
-  // Insert and coalesce with neighbours.
-  auto next = m.free_.lower_bound(off);
-  if (next != m.free_.end() && off + len == next->first) {
-    len += next->second;
-    next = m.free_.erase(next);
-  }
-  if (next != m.free_.begin()) {
-    auto prevb = std::prev(next);
-    if (prevb->first + prevb->second == off) {
-      prevb->second += len;
-      return sync_err;
-    }
-  }
-  m.free_[off] = len;
+  give_physical_locked(m, off, len);
   return sync_err;
 }
 
@@ -152,6 +188,12 @@ vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* pt
   if (attr == nullptr) return vnpuErrorInvalidValue;
   *attr = {vnpuMemoryTypeUnregistered, -1, nullptr, 0};
   auto a = reinterpret_cast<uintptr_t>(ptr);
+  void* map_base = nullptr;
+  size_t map_size = 0;
+  if (int mdev = mapped_device_of(ptr, &map_base, &map_size); mdev >= 0) {
+    *attr = {vnpuMemoryTypeDevice, mdev, map_base, map_size};
+    return vnpuSuccess;
+  }
   int dev = device_of(ptr);
   if (dev >= 0) {
     MemoryRegion& m = devices()[dev]->mem;

@@ -12,6 +12,8 @@ namespace {
 
 std::atomic<void (*)()> g_idle_hook{nullptr};
 std::atomic<unsigned> g_idle_linger_us{0};
+std::atomic<WaitHook> g_wait_hook{nullptr};
+std::atomic<unsigned> g_wait_slice_us{0};
 
 void run_worker(vnpuStream_st* s) {
   char name[16];
@@ -60,6 +62,9 @@ void run_worker(vnpuStream_st* s) {
 
 }  // namespace
 
+WaitHook wait_hook() { return g_wait_hook.load(); }
+std::chrono::microseconds wait_slice() { return std::chrono::microseconds(g_wait_slice_us.load()); }
+
 vnpuStream_st* resolve(vnpuStream_t s) {
   if (s != nullptr) return s;
   int dev = current_device();
@@ -83,10 +88,10 @@ void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void
   cv_work.notify_one();
 }
 
-void vnpuStream_st::wait_idle() {
+bool vnpuStream_st::wait_idle(bool interruptible) {
   std::unique_lock<std::mutex> lk(mu);
   uint64_t target = submitted;
-  cv_done.wait(lk, [&] { return completed >= target; });
+  return wait_interruptible(lk, cv_done, [&] { return completed >= target; }, interruptible);
 }
 
 bool vnpuStream_st::idle() {
@@ -97,6 +102,13 @@ bool vnpuStream_st::idle() {
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us) {
   g_idle_linger_us.store(linger_us);
   g_idle_hook.store(fn);
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us) {
+  if (fn != nullptr && slice_us == 0) return vnpuErrorInvalidValue;
+  g_wait_slice_us.store(slice_us);
+  g_wait_hook.store(fn);
   return vnpuSuccess;
 }
 
@@ -177,7 +189,7 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  s->wait_idle();
+  if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(s->device);
 }
 
@@ -189,12 +201,12 @@ vnpuError_t vnpuStreamQuery(vnpuStream_t stream) {
 
 vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel) {
   if (!kernel) return vnpuErrorInvalidValue;
-  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel));
   if (launch_blocking()) {
-    s->wait_idle();
+    if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;  // the kernel still runs
     return take_device_error(s->device);
   }
   return vnpuSuccess;

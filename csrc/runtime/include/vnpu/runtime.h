@@ -20,12 +20,16 @@
 //    vnpuGetLastErrorString() gives the message.
 //  * VNPU_LAUNCH_BLOCKING=1 makes every launch and async copy wait for
 //    completion and return the kernel's error directly.
+//  * Discovery (any first call) only reads the environment; initialization
+//    (vnpuInit, or the first call that allocates device memory or queues work)
+//    creates the device context. A child fork()ed after initialization cannot
+//    use the runtime (vnpuErrorForkedAfterInit); one forked before can.
 //
 // Environment:
 //  VNPU_DEVICE_COUNT        number of physical devices (default 2, max 64)
 //  VNPU_VISIBLE_DEVICES     comma-separated physical ids, like CUDA_VISIBLE_DEVICES
 //  VNPU_MEMORY_PER_DEVICE   capacity in bytes, suffixes K/M/G/T (KiB...) (default 8G)
-//  VNPU_LAUNCH_BLOCKING     1 = synchronous execution
+//  VNPU_LAUNCH_BLOCKING     1 = synchronous execution (boolean: see vnpuGetEnvFlag)
 //
 // Example:
 //   vnpuStream_t s;  vnpuStreamCreate(&s);
@@ -52,6 +56,8 @@ enum vnpuError_t : int {
   vnpuErrorLaunchFailure = 6,       // a kernel failed on the device
   vnpuErrorForkedAfterInit = 7,     // runtime used in a child forked after init
   vnpuErrorInvalidConfiguration = 8,  // bad VNPU_* environment variable: no devices
+  vnpuErrorNotSupported = 10,         // VMM without shareable physical memory (no memfd)
+  vnpuErrorInterrupted = 11,          // a host wait was cut short by the wait-interrupt hook
 };
 
 enum vnpuMemcpyKind : int {
@@ -102,6 +108,19 @@ const char* vnpuGetLastErrorString();
 // vnpuGetConfigurationErrorString() then says which and why.
 vnpuError_t vnpuGetDeviceCount(int* count);
 const char* vnpuGetConfigurationErrorString();  // "" when the configuration is valid
+// VNPU_* values that were not understood and were ignored ("" if none), one
+// message per line, for the layer above to show as warnings.
+const char* vnpuGetConfigurationWarningString();
+// Boolean environment variables, one rule for every VNPU_* flag (PyTorch's own,
+// c10::utils::check_env): "1" = on, "0" = off, unset = `default_value`. Any other
+// value ("true", "yes", " 1", "2", "") is not understood: *value = default_value
+// and the call returns vnpuErrorInvalidValue, so the caller can warn.
+vnpuError_t vnpuGetEnvFlag(const char* name, int default_value, int* value);
+// Initializes the runtime (like cuInit; flags must be 0). Idempotent. Calls
+// that allocate device memory or queue work initialize it on their own.
+vnpuError_t vnpuInit(unsigned flags);
+// 1 once the runtime was initialized in this process (0 in a bad fork).
+int vnpuIsInitialized();
 vnpuError_t vnpuSetDevice(int device);
 vnpuError_t vnpuGetDevice(int* device);
 vnpuError_t vnpuGetDeviceProperties(vnpuDeviceProp* prop, int device);
@@ -109,9 +128,11 @@ vnpuError_t vnpuDeviceSynchronize();
 // 1 if any runtime call was made in this process before a fork() into it.
 int vnpuIsInBadFork();
 
-// Device memory: 4096-byte aligned, from the device's fixed-capacity region.
+// Device memory: 4096-byte aligned, one contiguous range of the device's memory.
 vnpuError_t vnpuMalloc(void** ptr, size_t size);
-// Like cudaFree: waits for all work on the owning device first.
+// Like cudaFree: waits for all work on the owning device first (never cut
+// short by the wait-interrupt hook). Returns a kernel error that was pending on
+// that device, but frees the block all the same.
 vnpuError_t vnpuFree(void* ptr);
 vnpuError_t vnpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 // Pinned host memory.
@@ -136,12 +157,68 @@ vnpuError_t vnpuGetDefaultStream(int device, vnpuStream_t* stream);
 vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel);
 using vnpuHostFn_t = void (*)(void* user_data);
 vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data);
+// Interrupting host waits (no CUDA equivalent; Ctrl-C support for the layer
+// above). While a host thread blocks in vnpuStreamSynchronize,
+// vnpuEventSynchronize, vnpuDeviceSynchronize, vnpuMemcpy, vnpuMemcpyAsync into
+// pageable memory or a launch under VNPU_LAUNCH_BLOCKING, `fn` runs on that
+// thread every `slice_us` microseconds (no runtime lock held); a nonzero result
+// ends the wait with vnpuErrorInterrupted. The work waited for keeps running
+// on its stream and a pending kernel error stays pending; an unfinished copy
+// into pageable memory is abandoned (it will not write the destination).
+// vnpuFree, vnpuStreamDestroy and vnpuMemUnmap always wait to the end.
+// nullptr disables it. Process-wide.
+vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us);
 // Worker idle hook (no CUDA equivalent: workers are host threads): `fn` runs on
 // a stream's worker thread once its queue has stayed empty for `linger_us`
 // microseconds after running work, so the layer above can release per-thread
 // resources that compete with other threads while idle (the OpenMP pool of
 // ATen's kernels). nullptr disables it. Process-wide; applies to every stream.
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us);
+
+// Virtual memory management (the CUDA driver's cuMemAddressReserve,
+// cuMemCreate, cuMemMap, ...). Physical memory comes in handles that take whole
+// pages of a device's capacity from anywhere, contiguous or not, and are mapped
+// into address ranges reserved beforehand: a large range can be built from
+// scattered free memory (the caching allocator's expandable segments). Sizes,
+// offsets and addresses are multiples of the granularity (2 MiB). Mapped
+// memory is device memory for every other call (copies, vnpuPointerGetAttributes).
+// Example:
+//   vnpuMemAllocationProp prop{/*device=*/0};
+//   size_t g;  vnpuMemGetAllocationGranularity(&g, &prop, vnpuMemAllocationGranularityMinimum);
+//   void* va;  vnpuMemAddressReserve(&va, 64 * g, 0, nullptr, 0);
+//   vnpuMemGenericAllocationHandle_t h;  vnpuMemCreate(&h, 4 * g, &prop, 0);
+//   vnpuMemMap(va, 4 * g, 0, h, 0);  vnpuMemRelease(h);  // pages live while mapped
+//   ... use [va, va + 4g) ...
+//   vnpuMemUnmap(va, 4 * g);  vnpuMemAddressFree(va, 64 * g);
+using vnpuMemGenericAllocationHandle_t = struct vnpuMemHandle_st*;
+struct vnpuMemAllocationProp {
+  int device;  // where the physical memory lives
+};
+enum vnpuMemAllocationGranularityFlags : int {
+  vnpuMemAllocationGranularityMinimum = 0,
+  vnpuMemAllocationGranularityRecommended = 1,
+};
+vnpuError_t vnpuMemGetAllocationGranularity(size_t* granularity, const vnpuMemAllocationProp* prop,
+                                            vnpuMemAllocationGranularityFlags option);
+// Reserves address space only (no memory). `addr` (a hint) is ignored; flags must be 0.
+vnpuError_t vnpuMemAddressReserve(void** ptr, size_t size, size_t alignment, void* addr,
+                                  unsigned long long flags);
+// Frees a whole reservation; it must not be mapped any more.
+vnpuError_t vnpuMemAddressFree(void* ptr, size_t size);
+// Takes `size` bytes of the device's free memory (vnpuErrorMemoryAllocation if
+// less is free in total; vnpuErrorNotSupported if the device's memory is not a
+// shareable memfd). Counts in vnpuMemGetInfo like vnpuMalloc.
+vnpuError_t vnpuMemCreate(vnpuMemGenericAllocationHandle_t* handle, size_t size,
+                          const vnpuMemAllocationProp* prop, unsigned long long flags);
+// Drops the handle; its memory returns to the device once it is not mapped anywhere.
+vnpuError_t vnpuMemRelease(vnpuMemGenericAllocationHandle_t handle);
+// Maps bytes [offset, offset + size) of `handle` at `ptr`, inside a reservation
+// and over no other mapping.
+vnpuError_t vnpuMemMap(void* ptr, size_t size, size_t offset, vnpuMemGenericAllocationHandle_t handle,
+                       unsigned long long flags);
+// Unmaps [ptr, ptr + size), which must be exactly one or more whole mappings;
+// first waits for the work queued on their devices (no error is consumed).
+vnpuError_t vnpuMemUnmap(void* ptr, size_t size);
 
 // Events (CUDA semantics: a never-recorded event is complete; a wait or
 // synchronize refers to the record current at its call, even if the event is
