@@ -43,6 +43,9 @@ def _register() -> None:
     from . import _cpu_policies
 
     _cpu_policies.register(_BACKEND)
+    from . import distributed
+
+    distributed._register()
 
 
 _register()

@@ -1,6 +1,7 @@
 // torch_vnpu._C: the Python bindings behind torch.vnpu (private API; the
 // public surface is the torch_vnpu.vnpu package, mirroring torch.cuda).
 #include "../core/VNPUCachingAllocator.h"
+#include "../distributed/Bindings.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUGeneratorImpl.h"
 #include "../core/VNPUHooks.h"
@@ -172,4 +173,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_ops", &at::vnpu::fallback_ops);
   m.def("_extra_copy_ops", &at::vnpu::extra_copy_ops);
   m.def("_reset_op_stats", &at::vnpu::reset_op_stats);
+
+  // Distributed (vccl), defined lazily by torch_vnpu.distributed.
+  torch_vnpu::distributed::init_module(m);
 }
