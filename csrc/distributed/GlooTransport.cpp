@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/StringUtil.h>
 
+#include <numeric>
+
 namespace c10d::vnpu {
 namespace {
 
@@ -427,7 +429,33 @@ void GlooTransport::runCollective(CollectiveOp& op) {
       std::vector<Tensor> ins = aliases(ctx, op.inputs, /*bytes=*/true);
       AllToAllOptions opts;
       timeoutOf(opts);
-      gloo_->alltoall(outs, ins, opts)->wait();
+      bool even = true;
+      for (int r = 0; r < W; ++r) even = even && ins[r].numel() == ins[0].numel() && outs[r].numel() == ins[0].numel();
+      if (even) {
+        gloo_->alltoall(outs, ins, opts)->wait();
+        return;
+      }
+      // Gloo's list form needs equal sizes; pairs of different sizes go through one
+      // alltoall_base on packed byte buffers with byte split sizes.
+      std::vector<int64_t> in_splits, out_splits;
+      for (int r = 0; r < W; ++r) {
+        in_splits.push_back(ins[r].numel());
+        out_splits.push_back(outs[r].numel());
+      }
+      Tensor packed_in = at::cat(ins);
+      Tensor packed_out = at::empty({static_cast<int64_t>(std::accumulate(out_splits.begin(), out_splits.end(),
+                                                                           int64_t{0}))},
+                                    at::kByte);
+      {
+        // Gloo may move from the split vectors it is given.
+        std::vector<int64_t> out_counts = out_splits, in_counts = in_splits;
+        gloo_->alltoall_base(packed_out, packed_in, out_counts, in_counts, opts)->wait();
+      }
+      int64_t off = 0;
+      for (int r = 0; r < W; ++r) {
+        outs[r].copy_(packed_out.narrow(0, off, out_splits[r]));
+        off += out_splits[r];
+      }
       return;
     }
     default:

@@ -146,96 +146,99 @@ std::vector<int64_t> fingerprint(const CollectiveOp& op, int rank, int world) {
 }
 
 std::string checkFingerprints(const CollectiveOp& op, int rank, int world, const int64_t* all) {
+  // Every rank evaluates the same conditions over all fingerprints in the same
+  // order, so all ranks reach the same verdict (and the same message): none
+  // proceeds to move data while another gave up.
   const size_t len = fingerprintLength(world);
-  const int64_t* me = all + rank * len;
   auto at = [&](int r) { return all + r * len; };
+  auto A = [&](int r) { return at(r) + kHeader; };
+  auto B = [&](int r) { return at(r) + kHeader + world; };
   auto prefix = [&] { return c10::str("vccl: ", op.name, " #", op.seq, " on rank ", rank, ": "); };
+  const int64_t* first = at(0);
   for (int r = 0; r < world; ++r) {
     const int64_t* o = at(r);
     if (o[kMagic] != kMagicValue) {
       return c10::str(prefix(), "rank ", r, " sent no valid call description; it is probably running "
                       "a different collective (or backend) at this point");
     }
-    if (o[kType] != me[kType] || o[kSeq] != me[kSeq]) {
-      return c10::str(prefix(), "rank ", r, " called ", opName(o[kType]), " #", o[kSeq], " while rank ", rank,
-                      " called ", opName(me[kType]), " #", me[kSeq],
+    if (o[kType] != first[kType] || o[kSeq] != first[kSeq]) {
+      return c10::str(prefix(), "rank ", r, " called ", opName(o[kType]), " #", o[kSeq], " while rank 0 called ",
+                      opName(first[kType]), " #", first[kSeq],
                       "; every rank of a group must call the same collectives in the same order");
     }
   }
-  const auto type = static_cast<OpType>(me[kType]);
+  const auto type = static_cast<OpType>(first[kType]);
   if (type == OpType::BARRIER) return "";
-  const int64_t* a = me + kHeader;
-  const int64_t* b = a + world;
-  for (int r = 0; r < world; ++r) {
+  for (int r = 1; r < world; ++r) {
     const int64_t* o = at(r);
-    const int64_t* oa = o + kHeader;
-    if (o[kDtype] != me[kDtype]) {
-      return c10::str(prefix(), "rank ", r, " passed dtype ", dtypeName(o[kDtype]), " but rank ", rank,
-                      " passed dtype ", dtypeName(me[kDtype]), "; every rank must pass the same dtype");
+    if (o[kDtype] != first[kDtype]) {
+      return c10::str(prefix(), "rank ", r, " passed dtype ", dtypeName(o[kDtype]), " but rank 0 passed dtype ",
+                      dtypeName(first[kDtype]), "; every rank must pass the same dtype");
     }
-    if (o[kRoot] != me[kRoot]) {
-      return c10::str(prefix(), "rank ", r, " named root ", o[kRoot], " but rank ", rank, " named root ",
-                      me[kRoot], "; every rank must name the same root");
+    if (o[kRoot] != first[kRoot]) {
+      return c10::str(prefix(), "rank ", r, " named root ", o[kRoot], " but rank 0 named root ", first[kRoot],
+                      "; every rank must name the same root");
     }
-    if (o[kRedOp] != me[kRedOp]) {
-      return c10::str(prefix(), "rank ", r, " asked for reduce op ", o[kRedOp], " but rank ", rank,
-                      " for ", me[kRedOp], " (ReduceOp enum values); every rank must use the same op");
+    if (o[kRedOp] != first[kRedOp]) {
+      return c10::str(prefix(), "rank ", r, " asked for reduce op ", o[kRedOp], " but rank 0 for ", first[kRedOp],
+                      " (ReduceOp enum values); every rank must use the same op");
     }
-    if (o[kCount] != me[kCount] && type != OpType::GATHER && type != OpType::SCATTER) {
-      return c10::str(prefix(), "rank ", r, " passed ", o[kCount], " input tensors but rank ", rank,
-                      " passed ", me[kCount]);
-    }
-    std::string mismatch;
-    switch (type) {
-      case OpType::ALLGATHER:
-      case OpType::ALLGATHER_COALESCED:
-        if (o[kInNumel] != a[r])
-          mismatch = c10::str("rank ", r, " contributes ", o[kInNumel], " elements (input shape ", shapeOf(o),
-                              ") but rank ", rank, "'s output tensor for it holds ", a[r], " elements");
-        break;
-      case OpType::GATHER:
-        if (rank == op.root && o[kInNumel] != a[r])
-          mismatch = c10::str("rank ", r, " sends ", o[kInNumel], " elements (shape ", shapeOf(o),
-                              ") but the root's gather_list entry for it holds ", a[r], " elements");
-        else if (r == op.root && rank != op.root) {
-          const int64_t* ra = o + kHeader;
-          if (ra[rank] != me[kInNumel])
-            mismatch = c10::str("rank ", rank, " sends ", me[kInNumel], " elements but the root's gather_list entry "
-                                "for it holds ", ra[rank], " elements");
-        }
-        break;
-      case OpType::SCATTER:
-        if (r == op.root) {
-          const int64_t* ra = o + kHeader;
-          if (ra[rank] != me[kOutNumel])
-            mismatch = c10::str("the root's scatter_list entry for rank ", rank, " holds ", ra[rank],
-                                " elements but rank ", rank, "'s output tensor holds ", me[kOutNumel]);
-        }
-        break;
-      case OpType::ALLTOALL_BASE:
-        if (o[kRowNumel] != me[kRowNumel] && oa[rank] > 0)
-          mismatch = c10::str("rank ", r, "'s input rows hold ", o[kRowNumel], " elements but rank ", rank,
-                              "'s output rows hold ", me[kRowNumel]);
-        else if (oa[rank] != b[r])
-          mismatch = c10::str("rank ", r, " sends ", oa[rank], " rows to rank ", rank, " but rank ", rank,
-                              " expects ", b[r], " rows from it (output_split_sizes)");
-        break;
-      case OpType::ALLTOALL:
-        if (oa[rank] != b[r])
-          mismatch = c10::str("rank ", r, " sends ", oa[rank], " elements to rank ", rank, " but rank ", rank,
-                              "'s output tensor for it holds ", b[r], " elements");
-        break;
-      default:
-        if (o[kInNumel] != me[kInNumel] || o[kOutNumel] != me[kOutNumel])
-          mismatch = c10::str("rank ", r, " passed ", o[kInNumel], " elements (shape ", shapeOf(o), ") but rank ",
-                              rank, " passed ", me[kInNumel], " elements (shape ", shapeOf(me), ")");
-        break;
-    }
-    if (!mismatch.empty()) {
-      return c10::str(prefix(), mismatch, "; every rank must pass tensors of matching sizes");
+    if (o[kCount] != first[kCount] && type != OpType::GATHER && type != OpType::SCATTER) {
+      return c10::str(prefix(), "rank ", r, " passed ", o[kCount], " input tensors but rank 0 passed ",
+                      first[kCount]);
     }
   }
-  (void)a;
+  std::string mismatch;
+  const int64_t root = first[kRoot];
+  switch (type) {
+    case OpType::ALLGATHER:
+    case OpType::ALLGATHER_COALESCED:
+      for (int p = 0; p < world && mismatch.empty(); ++p)
+        for (int r = 0; r < world && mismatch.empty(); ++r)
+          if (at(r)[kInNumel] != A(p)[r])
+            mismatch = c10::str("rank ", r, " contributes ", at(r)[kInNumel], " elements (input shape ",
+                                shapeOf(at(r)), ") but rank ", p, "'s output tensor for it holds ", A(p)[r],
+                                " elements");
+      break;
+    case OpType::GATHER:
+      for (int r = 0; r < world && mismatch.empty(); ++r)
+        if (at(r)[kInNumel] != A(root)[r])
+          mismatch = c10::str("rank ", r, " sends ", at(r)[kInNumel], " elements (shape ", shapeOf(at(r)),
+                              ") but the gather_list entry of the root (rank ", root, ") for it holds ", A(root)[r],
+                              " elements");
+      break;
+    case OpType::SCATTER:
+      for (int r = 0; r < world && mismatch.empty(); ++r)
+        if (A(root)[r] != at(r)[kOutNumel])
+          mismatch = c10::str("the scatter_list entry of the root (rank ", root, ") for rank ", r, " holds ",
+                              A(root)[r], " elements but rank ", r, "'s output tensor holds ", at(r)[kOutNumel]);
+      break;
+    case OpType::ALLTOALL_BASE:
+      for (int s = 0; s < world && mismatch.empty(); ++s)
+        for (int d = 0; d < world && mismatch.empty(); ++d) {
+          if (A(s)[d] > 0 && at(s)[kRowNumel] != at(d)[kRowNumel])
+            mismatch = c10::str("rank ", s, "'s input rows hold ", at(s)[kRowNumel], " elements but rank ", d,
+                                "'s output rows hold ", at(d)[kRowNumel]);
+          else if (A(s)[d] != B(d)[s])
+            mismatch = c10::str("rank ", s, " sends ", A(s)[d], " rows to rank ", d, " but rank ", d, " expects ",
+                                B(d)[s], " rows from it (input_split_sizes / output_split_sizes)");
+        }
+      break;
+    case OpType::ALLTOALL:
+      for (int s = 0; s < world && mismatch.empty(); ++s)
+        for (int d = 0; d < world && mismatch.empty(); ++d)
+          if (A(s)[d] != B(d)[s])
+            mismatch = c10::str("rank ", s, " sends ", A(s)[d], " elements to rank ", d, " but rank ", d,
+                                "'s output tensor for it holds ", B(d)[s], " elements");
+      break;
+    default:
+      for (int r = 1; r < world && mismatch.empty(); ++r)
+        if (at(r)[kInNumel] != first[kInNumel] || at(r)[kOutNumel] != first[kOutNumel])
+          mismatch = c10::str("rank ", r, " passed ", at(r)[kInNumel], " elements (shape ", shapeOf(at(r)),
+                              ") but rank 0 passed ", first[kInNumel], " elements (shape ", shapeOf(first), ")");
+      break;
+  }
+  if (!mismatch.empty()) return c10::str(prefix(), mismatch, "; every rank must pass tensors of matching sizes");
   return "";
 }
 

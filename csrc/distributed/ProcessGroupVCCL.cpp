@@ -555,7 +555,8 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::recvAnysource(std::vector<Tensor>& te
   auto op = newOp(OpType::RECVANYSOURCE, "recv", options_->timeout);
   op->tag = tag;
   op->outputs = specs(tensors);
-  return issue(op, device, tensors, tensors);
+  // Host-blocking wait(): the caller asks for the source rank right after it (as Gloo's).
+  return issue(op, device, tensors, tensors, /*blocking=*/true);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupVCCL::barrier(const BarrierOptions& opts) {

@@ -48,6 +48,7 @@ std::exception_ptr WorkVCCL::exception() const {
 }
 
 int WorkVCCL::sourceRank() const {
+  op_->waitDone(op_->timeout);
   int r = op_->sourceRank();
   TORCH_CHECK(r >= 0, "vccl: sourceRank() is only available for a completed recv from any source");
   return r;

@@ -3,7 +3,8 @@
 //  * wait()/synchronize()/blockCurrentStream(): the caller's current vnpu
 //    stream waits for the operation (a gate task on that stream that blocks
 //    its worker until the transport finished); the host does not block. A
-//    barrier's wait() also blocks the host, as ProcessGroupNCCL's does.
+//    barrier's wait() also blocks the host, as ProcessGroupNCCL's does, and so
+//    does a receive from any source (its caller asks for the source rank).
 //  * isCompleted()/isSuccess()/exception(): the transport's progress, polled
 //    without blocking.
 //  * getFuture(): a Future already completed with the output tensors, whose
