@@ -47,7 +47,10 @@ where ``gloo`` is a ``ProcessGroupGloo`` over the same ranks.)");
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("gloo"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("options", &ProcessGroupVCCL::options)
-      .def_property_readonly("_gloo", &ProcessGroupVCCL::glooBackend);
+      .def_property_readonly("_gloo", &ProcessGroupVCCL::glooBackend)
+      // new_group() calls this on ranks outside the new group when the default group is bound to a
+      // device (NCCL's ncclCommSplit needs every rank); vccl builds each group on its own.
+      .def("perform_nocolor_split", [](ProcessGroupVCCL&, const c10::Device&) {});
 
   m.def("_set_gloo_factory", [](py::function fn) {
     // Leaked on purpose: it must outlive every process group, even at interpreter exit.

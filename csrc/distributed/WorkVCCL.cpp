@@ -68,7 +68,7 @@ void WorkVCCL::blockCurrentStream() { gateCurrentStream(kNoTimeout); }
 bool WorkVCCL::wait(std::chrono::milliseconds timeout) {
   if (blocking_) {
     // Host-blocking (barrier, as ProcessGroupNCCL's): also waits for the op's stream work.
-    std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op_->timeout;
+    std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op_->timeout + kGateSlack;
     if (!op_->waitDone(limit)) {
       C10_THROW_ERROR(DistBackendError,
                       c10::str("vccl: ", describe(*op_), " timed out after ", limit.count(),

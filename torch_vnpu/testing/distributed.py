@@ -68,7 +68,7 @@ def _resolve(path: str, name: str) -> Callable:
     return getattr(mod, name)
 
 
-def _worker(rank, world_size, port, env, init, init_kwargs, tasks, results):
+def _worker(rank, world_size, port, env, init, init_kwargs, bind_device, tasks, results):
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
@@ -78,10 +78,13 @@ def _worker(rank, world_size, port, env, init, init_kwargs, tasks, results):
         import torch
         import torch.distributed as dist
 
-        torch.vnpu.set_device(rank % torch.vnpu.device_count())
+        device = rank % torch.vnpu.device_count()
+        torch.vnpu.set_device(device)
         if init:
             kwargs = dict(init_kwargs)
             kwargs.setdefault("timeout", datetime.timedelta(seconds=60))
+            if bind_device:
+                kwargs["device_id"] = torch.device("vnpu", device)
             dist.init_process_group(**kwargs)
         results.put((rank, "ready", None))
     except BaseException:
@@ -111,11 +114,12 @@ class ProcessWorld:
         world_size: number of ranks (processes).
         env: extra environment variables for the workers (e.g. ``{"VNPU_DEVICE_COUNT": "4"}``).
         init: call ``init_process_group(**init_kwargs)`` in each worker (default: no backend named).
+        bind_device: also pass ``device_id=vnpu:<rank>`` (needed by ``split_group``).
         timeout: seconds to wait for a start-up or a ``run`` before tearing the world down.
     """
 
     def __init__(self, world_size: int, env: dict | None = None, init: bool = True,
-                 init_kwargs: dict | None = None, timeout: float = 120.0):
+                 init_kwargs: dict | None = None, bind_device: bool = False, timeout: float = 120.0):
         self.world_size = world_size
         self.timeout = timeout
         self.port = free_port()
@@ -127,11 +131,23 @@ class ProcessWorld:
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
             ctx.Process(target=_worker, daemon=True,
-                        args=(r, world_size, self.port, env, init, init_kwargs or {}, self._tasks[r], self._results))
+                        args=(r, world_size, self.port, env, init, init_kwargs or {}, bind_device, self._tasks[r],
+                              self._results))
             for r in range(world_size)
         ]
-        for p in self._procs:
-            p.start()
+        # The environment must be set when the interpreters start (torch.distributed reads
+        # TORCH_DISTRIBUTED_DEBUG at import): spawn copies the parent's.
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            for p in self._procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self._collect("ready", timeout)
 
     def _collect(self, what: str, timeout: float) -> list:
@@ -192,7 +208,8 @@ class ProcessWorld:
 
 
 def run_world(world_size: int, fn: Callable, *args, env: dict | None = None, init: bool = True,
-              init_kwargs: dict | None = None, timeout: float = 120.0) -> list:
+              init_kwargs: dict | None = None, bind_device: bool = False, timeout: float = 120.0) -> list:
     """Runs ``fn`` once in a fresh world of ``world_size`` processes and tears it down."""
-    with ProcessWorld(world_size, env=env, init=init, init_kwargs=init_kwargs, timeout=timeout) as w:
+    with ProcessWorld(world_size, env=env, init=init, init_kwargs=init_kwargs, bind_device=bind_device,
+                      timeout=timeout) as w:
         return w.run(fn, *args)
