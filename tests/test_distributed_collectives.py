@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torch_vnpu.testing.distributed import ProcessWorld, RankFailure
+from torch_vnpu.testing.distributed import RankFailure
 
 R = dist.ReduceOp
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -23,10 +23,9 @@ INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.ui
 ALL_DTYPES = FLOATS + INTS + [torch.bool, torch.complex64] + FP8
 
 
-@pytest.fixture(scope="module")
-def world():
-    with ProcessWorld(2) as w:
-        yield w
+@pytest.fixture
+def world(world2):
+    return world2
 
 
 # ---------------------------------------------------------------- helpers (run on the ranks)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torch_vnpu.testing.distributed import ProcessWorld, run_world
+from torch_vnpu.testing.distributed import run_world
 
 
 def _dead_peer(rank, ws):
@@ -164,13 +164,6 @@ def test_init_device_mesh_before_init_process_group():
 
 
 # ---------------------------------------------------------------- 4 ranks
-
-@pytest.fixture(scope="module")
-def world4():
-    with ProcessWorld(4, env={"VNPU_DEVICE_COUNT": "4"}, init_kwargs={"backend": "cpu:gloo,vnpu:vccl"},
-                      bind_device=True) as w:
-        yield w
-
 
 def _four(rank, ws):
     fails = []
