@@ -118,6 +118,12 @@ def _ddp(rank, ws):
         opt.zero_grad()
         ropt.zero_grad()
     res["unused"] = _max_diff(model.parameters(), ref.parameters())
+
+    # DDP's runtime statistics come from a vnpu Timer (csrc/distributed/ReducerTimer.cpp)
+    timed = DDP(nn.Linear(16, 1).to(dev))
+    for _ in range(11):  # DDP samples iterations 10, 20, ..., then every 100th
+        timed(torch.randn(4, 16, device=dev)).sum().backward()
+    res["forward_ns"] = timed._get_ddp_logging_data().get("avg_forward_compute_time", 0)
     return res
 
 
@@ -127,6 +133,7 @@ def test_ddp_matches_one_process(world):
         for k in ("plain", "no_sync", "allreduce_hook", "python_hook", "unused"):
             assert r[k] < 1e-5, (k, r)
         assert r["fp16_hook"] < 1e-3, r  # gradients travel in fp16
+        assert r["forward_ns"] > 0, r
 
 
 # ---------------------------------------------------------------- FSDP2 / FSDP1
