@@ -1,5 +1,7 @@
 #include "ProgressEngine.h"
 
+#include "../ops/HostOpenMP.h"
+
 #include <c10/util/StringUtil.h>
 #include <c10/util/thread_name.h>
 
@@ -102,6 +104,11 @@ void ProgressEngine::loop() {
 }
 
 void ProgressEngine::run(const OpPtr& op) {
+  // CPU ops a transport runs here (scaling, widening) may start an OpenMP pool on this thread;
+  // release it so stream workers keep the only busy one (Note [One OpenMP pool]).
+  struct ReleasePool {
+    ~ReleasePool() { at::vnpu::release_host_openmp_pool(); }
+  } release;
   try {
     transport_->start(op);
   } catch (const TransportError& e) {
