@@ -32,10 +32,19 @@ def adapter():
 # starting processes costs seconds on the CI machine's 2 cores, and DTensor's first use several more.
 @pytest.fixture(scope="session")
 def world2():
-    """2 ranks, init_process_group() with no backend named (cpu:gloo,vnpu:vccl)."""
+    """2 ranks, init_process_group() with no backend named (cpu:gloo,vnpu:vccl); vccl on shared memory."""
     from torch_vnpu.testing.distributed import ProcessWorld
 
     with ProcessWorld(2) as w:
+        yield w
+
+
+@pytest.fixture(scope="session")
+def world2_gloo():
+    """2 ranks as world2, but vccl forced onto its Gloo transport (VNPU_VCCL_TRANSPORT=gloo)."""
+    from torch_vnpu.testing.distributed import ProcessWorld
+
+    with ProcessWorld(2, env={"VNPU_VCCL_TRANSPORT": "gloo"}) as w:
         yield w
 
 

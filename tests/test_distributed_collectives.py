@@ -1,4 +1,5 @@
-"""vccl collectives on vnpu tensors, 2 processes (one world for the module), against oracles computed by hand.
+"""vccl collectives on vnpu tensors, 2 processes, on both transports (shared memory and Gloo), against
+oracles computed by hand.
 
 Every rank builds every rank's input from a seed (``_inputs``), so each can compute the exact expected
 result of a collective on CPU (float64/int64 arithmetic, cast back with the dtype's wrap-around) and
@@ -23,9 +24,10 @@ INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.ui
 ALL_DTYPES = FLOATS + INTS + [torch.bool, torch.complex64] + FP8
 
 
-@pytest.fixture
-def world(world2):
-    return world2
+@pytest.fixture(params=["shm", "gloo"])
+def world(request):
+    """Each test runs on both vccl transports: shared memory (the default on one host) and Gloo."""
+    return request.getfixturevalue("world2" if request.param == "shm" else "world2_gloo")
 
 
 # ---------------------------------------------------------------- helpers (run on the ranks)
@@ -473,14 +475,15 @@ def test_point_to_point(world):
 
 def _backend_caps(rank, ws):
     b = dist.group.WORLD._get_backend(torch.device("vnpu"))
-    return type(b).__name__, b.supports_coalescing, b.supports_splitting, dist.get_backend_config()
+    return type(b).__name__, b.supports_coalescing, b.supports_splitting, dist.get_backend_config(), b.transport
 
 
-def test_backend_registration(world):
-    for name, coalescing, splitting, config in world.run(_backend_caps):
+def test_backend_registration(world, request):
+    for name, coalescing, splitting, config, transport in world.run(_backend_caps):
         assert name == "ProcessGroupVCCL"
         assert coalescing and splitting
         assert config == "cpu:gloo,vnpu:vccl"
+        assert transport == request.node.callspec.params["world"]
 
 
 # ---------------------------------------------------------------- Work, streams, memory

@@ -48,6 +48,8 @@ where ``gloo`` is a ``ProcessGroupGloo`` over the same ranks.)");
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("options", &ProcessGroupVCCL::options)
       .def_property_readonly("_gloo", &ProcessGroupVCCL::glooBackend)
+      .def_property_readonly("transport", &ProcessGroupVCCL::transportName,
+                             "The transport of the group's collectives: 'shm' (all ranks on this host) or 'gloo'.")
       // new_group() calls this on ranks outside the new group when the default group is bound to a
       // device (NCCL's ncclCommSplit needs every rank); vccl builds each group on its own.
       .def("perform_nocolor_split", [](ProcessGroupVCCL&, const c10::Device&) {});

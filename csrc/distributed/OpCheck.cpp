@@ -82,6 +82,8 @@ const char* opName(int64_t type) {
 
 size_t fingerprintLength(int world) { return kHeader + 2 * static_cast<size_t>(world); }
 
+const int64_t* fingerprintSendCounts(const int64_t* fp) { return fp + kHeader; }
+
 bool isCheckedCollective(OpType type) {
   return type != OpType::SEND && type != OpType::RECV && type != OpType::RECVANYSOURCE &&
          type != OpType::COALESCED && type != OpType::UNKNOWN;

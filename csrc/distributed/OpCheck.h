@@ -28,6 +28,10 @@ std::vector<int64_t> fingerprint(const CollectiveOp& op, int rank, int world);
 // `rank`; returns "" when compatible, else a message naming the mismatch.
 std::string checkFingerprints(const CollectiveOp& op, int rank, int world, const int64_t* all);
 
+// The per-destination counts in fingerprint `fp`: ALLTOALL_BASE rows (ALLTOALL
+// elements) sent to each rank, world entries.
+const int64_t* fingerprintSendCounts(const int64_t* fp);
+
 // Whether `type` gets a fingerprint exchange (collectives and barriers; not
 // point-to-point transfers, which carry their own size checks).
 bool isCheckedCollective(OpType type);

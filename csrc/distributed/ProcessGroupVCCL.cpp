@@ -1,6 +1,7 @@
 #include "ProcessGroupVCCL.h"
 
 #include "GlooTransport.h"
+#include "ShmTransport.h"
 #include "WorkVCCL.h"
 
 #include "../core/VNPUCachingAllocator.h"
@@ -153,8 +154,21 @@ ProcessGroupVCCL::ProcessGroupVCCL(c10::intrusive_ptr<Store> store, int rank, in
   if (!checksEnabledByEnv()) options_->check_args = false;
   engine_ = std::make_unique<ProgressEngine>(options_->group_name);
   ProgressEngine* engine = engine_.get();
-  engine_->start(std::make_shared<GlooTransport>(gloo_, rank, size, options_->check_args,
-                                                 [engine](const std::string& e) { engine->poison(e); }));
+  auto gloo_transport = std::make_shared<GlooTransport>(gloo_, rank, size, options_->check_args,
+                                                        [engine](const std::string& e) { engine->poison(e); });
+  std::shared_ptr<Transport> transport = gloo_transport;
+  const char* mode = std::getenv("VNPU_VCCL_TRANSPORT");
+  const std::string m = mode == nullptr ? "auto" : mode;
+  TORCH_CHECK_VALUE(m == "auto" || m == "gloo" || m == "shm", "VNPU_VCCL_TRANSPORT=", m,
+                    " is not a transport; use auto, gloo or shm");
+  if (m != "gloo") {
+    std::string why;
+    auto shm = ShmTransport::create(store_, rank, size, options_->timeout, options_->check_args, gloo_transport, m,
+                                    &why);
+    if (shm) transport = shm;
+  }
+  transport_name_ = transport->name();
+  engine_->start(transport);
   init();
 }
 

@@ -21,6 +21,12 @@
 // waits behind it in the peer's queue. Here sends are posted and awaited off
 // the streams, so point-to-point ops complete in any order.
 //
+// Transports (csrc/distributed/*Transport): when every rank of the group runs
+// on this host, collectives use shared memory (ShmTransport: peers' device
+// memory mapped into each process, no copies); otherwise, and for
+// point-to-point transfers, Gloo over TCP (GlooTransport). VNPU_VCCL_TRANSPORT
+// = auto (default) | gloo | shm forces one.
+//
 // Note [vccl memory lifetime]
 // Like ProcessGroupNCCL's recordStream on its NCCL stream: every tensor of an
 // op is recorded (caching allocator record_stream) on one per-device "hold"
@@ -65,6 +71,8 @@ class ProcessGroupVCCL : public Backend {
   c10::intrusive_ptr<Backend::Options> getBackendOptions() override { return options_; }
   const c10::intrusive_ptr<Options>& options() const { return options_; }
   const c10::intrusive_ptr<Backend>& glooBackend() const { return gloo_; }
+  // "shm" (all ranks on this host, device memory mapped by peers) or "gloo".
+  const std::string& transportName() const { return transport_name_; }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsSplitting() const override { return true; }
   bool supportsCoalescing() const override { return true; }
@@ -138,6 +146,7 @@ class ProcessGroupVCCL : public Backend {
   c10::intrusive_ptr<Options> options_;
   c10::intrusive_ptr<Backend> gloo_;
   std::unique_ptr<ProgressEngine> engine_;
+  std::string transport_name_;
   uint64_t seq_ = 0;              // collectives issued (calling thread only, as c10d requires)
 
   // Coalescing (startCoalescing .. endCoalescing), calling thread only.

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -99,18 +100,18 @@ std::vector<Device*>* create_devices() {
     d->index = static_cast<int>(list->size());
     d->physical = phys;
     d->mem.capacity = capacity;
-    void* base = mmap(nullptr, capacity == 0 ? 4096 : capacity, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) {
+    if (!reserve_region(d->mem, phys)) {
       const int index = d->index;
       delete d;
-      for (Device* x : *list) munmap(x->mem.base, x->mem.capacity == 0 ? 4096 : x->mem.capacity);
+      for (Device* x : *list) {
+        munmap(x->mem.base, x->mem.capacity == 0 ? 4096 : x->mem.capacity);
+        if (x->mem.fd >= 0) close(x->mem.fd);
+      }
       list->clear();  // (their default streams have no worker yet)
       g_config_error = "cannot reserve " + std::to_string(capacity) + " bytes of address space for vnpu:" +
                        std::to_string(index) + " (VNPU_MEMORY_PER_DEVICE); lower it or VNPU_DEVICE_COUNT";
       break;
     }
-    d->mem.base = static_cast<char*>(base);
     if (capacity > 0) d->mem.free_[0] = capacity;
     auto* s = new vnpuStream_st();
     s->device = d->index;

@@ -56,6 +56,9 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorInvalidConfiguration: return "invalid configuration (see vnpuGetConfigurationErrorString)";
     case vnpuErrorForkedAfterInit:
       return "the vNPU runtime cannot be used in a process forked after it was initialized";
+    case vnpuErrorMapBufferObjectFailed:
+      return "the exporting process's device memory could not be mapped (process gone, or no permission)";
+    case vnpuErrorNotSupported: return "operation not supported (device memory is not shareable: VNPU_IPC=0)";
   }
   return "unknown error";
 }

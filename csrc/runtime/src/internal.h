@@ -71,6 +71,8 @@ namespace vnpu::rt {
 struct MemoryRegion {
   char* base = nullptr;
   size_t capacity = 0;             // bytes
+  int fd = -1;                     // memfd behind a shareable region (VNPU_IPC), else -1
+  uint64_t nonce = 0;              // random id of the memfd, checked by vnpuIpcOpenMemHandle
   std::mutex mu;                   // guards free_/used_/used_bytes
   std::map<size_t, size_t> free_;  // offset -> bytes
   std::map<size_t, size_t> used_;  // offset -> bytes
@@ -103,5 +105,10 @@ vnpuStream_st* resolve(vnpuStream_t s);  // null -> default stream of current de
 bool is_pinned(const void* p);
 // Device that owns [p, p+n), or -1 if that range is not inside one allocation region.
 int device_of(const void* p);
+// Reserves a device's memory range: a shared memfd mapping (IPC-capable) unless
+// VNPU_IPC=0 or memfd is unavailable, then private anonymous memory. false on failure.
+bool reserve_region(MemoryRegion& m, int physical);
+// Gives the RAM of [off, off+len) back; the range stays reserved.
+void release_pages(MemoryRegion& m, size_t off, size_t len);
 
 }  // namespace vnpu::rt

@@ -92,7 +92,7 @@ vnpuError_t vnpuFree(void* ptr) {
   size_t len = it->second;
   m.used_.erase(it);
   m.used_bytes -= len;
-  madvise(m.base + off, len, MADV_DONTNEED);  // give the RAM back; address range stays reserved
+  release_pages(m, off, len);
   // Insert and coalesce with neighbours.
   auto next = m.free_.lower_bound(off);
   if (next != m.free_.end() && off + len == next->first) {

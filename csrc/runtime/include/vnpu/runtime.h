@@ -26,6 +26,7 @@
 //  VNPU_VISIBLE_DEVICES     comma-separated physical ids, like CUDA_VISIBLE_DEVICES
 //  VNPU_MEMORY_PER_DEVICE   capacity in bytes, suffixes K/M/G/T (KiB...) (default 8G)
 //  VNPU_LAUNCH_BLOCKING     1 = synchronous execution
+//  VNPU_IPC                 0 = private device memory (no vnpuIpc* sharing); default 1
 //
 // Example:
 //   vnpuStream_t s;  vnpuStreamCreate(&s);
@@ -52,6 +53,8 @@ enum vnpuError_t : int {
   vnpuErrorLaunchFailure = 6,       // a kernel failed on the device
   vnpuErrorForkedAfterInit = 7,     // runtime used in a child forked after init
   vnpuErrorInvalidConfiguration = 8,  // bad VNPU_* environment variable: no devices
+  vnpuErrorMapBufferObjectFailed = 9, // IPC: the exporter's memory could not be mapped
+  vnpuErrorNotSupported = 10,         // IPC: device memory is not shareable (VNPU_IPC=0)
 };
 
 enum vnpuMemcpyKind : int {
@@ -142,6 +145,25 @@ vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_
 // resources that compete with other threads while idle (the OpenMP pool of
 // ATen's kernels). nullptr disables it. Process-wide; applies to every stream.
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us);
+
+// Inter-process memory (CUDA IPC). Device memory is a shared mapping (a memfd)
+// that other processes of this host and user can map:
+// vnpuIpcGetMemHandle exports the device range holding devPtr (any address in
+// a device's memory); vnpuIpcOpenMemHandle, in another process, maps that
+// whole range (once per exporter device; later opens share the mapping) and
+// returns the local address of devPtr. Unlike CUDA (one allocation), every
+// address A of the exporter's device memory, including allocations made after
+// the open, is then at *devPtr + (A - exported devPtr). Opening a handle of the
+// calling process returns devPtr itself. vnpuIpcCloseMemHandle drops one open;
+// the last one unmaps. Errors: vnpuErrorMapBufferObjectFailed (exporter gone,
+// or no permission to open /proc/<pid>/fd), vnpuErrorNotSupported (VNPU_IPC=0).
+struct vnpuIpcMemHandle_t {
+  char reserved[64];
+};
+constexpr unsigned vnpuIpcMemLazyEnablePeerAccess = 0x1;  // CUDA's flag; accepted, no effect
+vnpuError_t vnpuIpcGetMemHandle(vnpuIpcMemHandle_t* handle, void* devPtr);
+vnpuError_t vnpuIpcOpenMemHandle(void** devPtr, vnpuIpcMemHandle_t handle, unsigned flags);
+vnpuError_t vnpuIpcCloseMemHandle(void* devPtr);
 
 // Events (CUDA semantics: a never-recorded event is complete; a wait or
 // synchronize refers to the record current at its call, even if the event is
