@@ -166,6 +166,19 @@ void GlooTransport::shutdown(const std::string& reason) {
   for (auto& w : waiters) w.thread.join();
 }
 
+void GlooTransport::drain(Clock::time_point deadline) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      bool busy = false;
+      for (auto& w : waiters_) busy = busy || !w.done->load();
+      if (!busy) return;
+    }
+    if (Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 void GlooTransport::check(const CollectiveOp& op) {
   // A monitored barrier exists to name ranks that do not arrive: no exchange before it.
   if (!check_args_ || !isCheckedCollective(op.type) || op.monitored) return;

@@ -38,6 +38,7 @@ class GlooTransport final : public Transport {
   ~GlooTransport() override;
   const char* name() const override { return "gloo"; }
   void start(const OpPtr& op) override;
+  void drain(Clock::time_point deadline) override;
   void shutdown(const std::string& reason) override;
 
  private:

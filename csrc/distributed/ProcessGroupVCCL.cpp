@@ -172,14 +172,22 @@ ProcessGroupVCCL::ProcessGroupVCCL(c10::intrusive_ptr<Store> store, int rank, in
   init();
 }
 
-ProcessGroupVCCL::~ProcessGroupVCCL() { engine_->shutdown("the process group was destroyed"); }
+// Graceful, as Gloo's and NCCL's: collectives already issued still run (the
+// peers need this rank for them), bounded by the group's timeout.
+ProcessGroupVCCL::~ProcessGroupVCCL() {
+  engine_->drain(options_->timeout);
+  engine_->shutdown("the process group was destroyed");
+}
 
 void ProcessGroupVCCL::abort() {
   engine_->poison("the process group was aborted");
   engine_->shutdown("the process group was aborted");
 }
 
-void ProcessGroupVCCL::shutdown() { engine_->shutdown("the process group was shut down"); }
+void ProcessGroupVCCL::shutdown() {
+  engine_->drain(options_->timeout);
+  engine_->shutdown("the process group was shut down");
+}
 
 ErrorType ProcessGroupVCCL::getError() {
   return engine_->poisoned().empty() ? ErrorType::SUCCESS : ErrorType::COMM_ERROR;

@@ -45,6 +45,16 @@ std::string ProgressEngine::poisoned() {
   return poison_;
 }
 
+void ProgressEngine::drain(std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    if (stop_) return;
+    idle_cv_.wait_until(g, deadline, [&] { return queue_.empty() && !busy_; });
+  }
+  if (transport_) transport_->drain(deadline);
+}
+
 void ProgressEngine::shutdown(const std::string& reason) {
   std::deque<OpPtr> queued;
   {
@@ -83,7 +93,18 @@ void ProgressEngine::loop() {
       std::lock_guard<std::mutex> g(mu_);
       if (stop_) return;
       queue_.pop_front();
+      busy_ = true;
     }
+    struct Idle {
+      ProgressEngine* e;
+      ~Idle() {
+        {
+          std::lock_guard<std::mutex> g(e->mu_);
+          e->busy_ = false;
+        }
+        e->idle_cv_.notify_all();
+      }
+    } idle{this};
     if (!ready) {
       std::string msg = c10::str(
           "vccl: ", describe(*op), " in group ", group_name_, " did not start within its timeout (",

@@ -13,7 +13,7 @@
 // (argument mismatches found before data moved) only fail their op.
 //
 // Threads: submit() from any thread; one progress thread; `mu_` guards
-// queue_, stop_, poison_.
+// queue_, busy_, stop_, poison_.
 #pragma once
 
 #include "Transport.h"
@@ -34,6 +34,9 @@ class ProgressEngine {
   // Starts the thread; `transport` must outlive the engine's thread (shutdown()).
   void start(std::shared_ptr<Transport> transport);
   void submit(OpPtr op);
+  // Waits up to `limit` for every op issued so far to complete (as a graceful
+  // shutdown of Gloo or NCCL does: peers still need this rank for them).
+  void drain(std::chrono::milliseconds limit);
   // Fails queued ops with `reason`, stops the transport and joins the thread.
   void shutdown(const std::string& reason);
   // Marks the group unusable (first reason wins); later ops fail at once.
@@ -48,8 +51,10 @@ class ProgressEngine {
   std::string group_name_;
   std::shared_ptr<Transport> transport_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // queue_ grew, or stop_
+  std::condition_variable idle_cv_;  // the engine went idle (queue_ empty, !busy_)
   std::deque<OpPtr> queue_;
+  bool busy_ = false;                // an op is in the transport's start()
   bool stop_ = false;
   std::string poison_;
   std::thread thread_;

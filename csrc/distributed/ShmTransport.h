@@ -51,6 +51,7 @@ class ShmTransport final : public Transport {
   ~ShmTransport() override;
   const char* name() const override { return "shm"; }
   void start(const OpPtr& op) override;
+  void drain(Clock::time_point deadline) override { gloo_->drain(deadline); }
   void shutdown(const std::string& reason) override;
 
   struct Ctrl;  // the control segment's layout (ShmTransport.cpp)

@@ -36,6 +36,8 @@ class Transport {
   // later. Either way the transport calls op->finish(), also on failure, or
   // throws TransportError (then the engine fails the op).
   virtual void start(const OpPtr& op) = 0;
+  // Waits (until `deadline`) for transfers still in flight to complete.
+  virtual void drain(Clock::time_point deadline) {}
   // Fails pending transfers with `reason` and stops helper threads. Idempotent.
   virtual void shutdown(const std::string& reason) = 0;
 };
