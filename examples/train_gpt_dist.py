@@ -192,12 +192,14 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         torch.save({"model": fused_state_dict(full), "step": args.steps, "vocab": vocab},
                    os.path.join(args.out, "ckpt.pt"))
+        vccl = dist.group.WORLD._get_backend(device)
         result = {"parallel": args.parallel, "world_size": dist.get_world_size(), "train": train_losses,
-                  "val": val, "seconds": seconds}
+                  "val": val, "seconds": seconds, "transport": getattr(vccl, "transport", None)}
         with open(os.path.join(args.out, "losses.json"), "w") as f:
             json.dump(result, f)
         print(f"[{args.parallel} x{dist.get_world_size()}] done: train loss {train_losses[-1]:.4f}, "
-              f"val loss {val:.4f}, {seconds:.1f} s; wrote {args.out}/losses.json and ckpt.pt")
+              f"val loss {val:.4f}, {seconds:.1f} s (vccl transport: {result['transport']}); "
+              f"wrote {args.out}/losses.json and ckpt.pt")
     dist.destroy_process_group()
 
 

@@ -75,12 +75,17 @@ bool processAlive(int64_t pid) {
          (line[paren + 2] != 'Z' && line[paren + 2] != 'X');
 }
 
+// Processes share memory when they run on one machine (boot id), as one user, in one network
+// namespace: processes in different network namespaces (containers, simulated hosts) count as
+// different hosts and talk over TCP.
 std::string hostIdentity() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return c10::str(host, '|', boot, '|', getuid());
+  char netns[128] = {0};
+  if (readlink("/proc/self/ns/net", netns, sizeof(netns) - 1) < 0) netns[0] = '?';
+  return c10::str(host, '|', boot, '|', getuid(), '|', netns);
 }
 
 std::string hex(const void* data, size_t n) {
