@@ -8,6 +8,7 @@ tolerance: docs/STATUS.md, "Distributed").
     torchrun --nproc-per-node 2 examples/train_gpt_dist.py --parallel ddp --steps 100 --out out/dist-ddp
     torchrun --nproc-per-node 2 examples/train_gpt_dist.py --parallel fsdp --steps 100 --out out/dist-fsdp
     torchrun --nproc-per-node 2 examples/train_gpt_dist.py --parallel tp --steps 100 --out out/dist-tp
+    torchrun --nproc-per-node 2 examples/train_gpt_dist.py --device cpu --parallel ddp ...   # CPU + gloo
     VNPU_DEVICE_COUNT=4 torchrun --nproc-per-node 4 examples/train_gpt_dist.py --parallel fsdp+tp --out out/dist-2d
     python examples/train_gpt.py --device vnpu --steps 100 --eval-interval 0 --out out/single  # the reference
 
@@ -111,7 +112,7 @@ def build(args, vocab_size, device):
     from torch.distributed.tensor.parallel import parallelize_module
 
     if args.parallel == "tp":
-        mesh = init_device_mesh("vnpu", (world,), mesh_dim_names=("tp",))
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], tp_plan())
         return model, 0, 1
@@ -120,7 +121,7 @@ def build(args, vocab_size, device):
 
     if world % args.tp:
         raise SystemExit(f"--parallel fsdp+tp: world size {world} is not a multiple of --tp {args.tp}")
-    mesh = init_device_mesh("vnpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     for block in model.blocks:
         parallelize_module(block, mesh["tp"], tp_plan())
         fully_shard(block, mesh=mesh["dp"])
@@ -141,6 +142,8 @@ def evaluate(model, data, args, device):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parallel", choices=["ddp", "fsdp", "tp", "fsdp+tp"], default="ddp")
+    p.add_argument("--device", choices=["vnpu", "cpu"], default="vnpu",
+                   help="cpu: the same job on CPU tensors with the gloo backend (for comparison)")
     p.add_argument("--tp", type=int, default=2, help="ranks per tensor-parallel group (fsdp+tp)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -149,12 +152,18 @@ def main(argv=None):
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--out", default="out/dist")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--sync-steps", action="store_true",
+                   help="wait for each step's end and record per-step times (benchmarks/dist_train_step.py)")
     args = p.parse_args(argv)
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.vnpu.set_device(local_rank)
-    device = torch.device("vnpu", local_rank)
-    dist.init_process_group()
+    if args.device == "vnpu":
+        torch.vnpu.set_device(local_rank)
+        device = torch.device("vnpu", local_rank)
+        dist.init_process_group()  # vnpu tensors: vccl (cpu tensors: gloo)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     train_ids, val_ids, vocab = train_gpt.load_corpus()
     model, dp_rank, dp_size = build(args, len(vocab), device)
@@ -165,7 +174,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1,
                             foreach=False if args.parallel == "tp" else None)
     gen = torch.Generator().manual_seed(args.seed)  # the same global batches on every rank (train_gpt's)
-    losses = []
+    losses, step_seconds = [], []
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc=f"train[{args.parallel} x{dist.get_world_size()}]",
                disable=args.quiet or rank != 0)
@@ -179,6 +188,9 @@ def main(argv=None):
         global_loss = loss.detach()
         dist.all_reduce(global_loss, op=dist.ReduceOp.AVG)  # mean over data-parallel shards = whole batch
         losses.append(global_loss)
+        if args.sync_steps:  # time each step to its end (the device finished it)
+            global_loss.item()
+            step_seconds.append(time.perf_counter() - t0 - sum(step_seconds))
         if rank == 0 and (step + 1) % 10 == 0:
             bar.set_postfix(loss=f"{global_loss.item():.4f}")
     train_losses = torch.stack(losses).cpu().tolist() if losses else []
@@ -192,9 +204,10 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         torch.save({"model": fused_state_dict(full), "step": args.steps, "vocab": vocab},
                    os.path.join(args.out, "ckpt.pt"))
-        vccl = dist.group.WORLD._get_backend(device)
+        vccl = dist.group.WORLD._get_backend(device) if device.type == "vnpu" else None
         result = {"parallel": args.parallel, "world_size": dist.get_world_size(), "train": train_losses,
-                  "val": val, "seconds": seconds, "transport": getattr(vccl, "transport", None)}
+                  "val": val, "seconds": seconds, "step_seconds": step_seconds, "device": args.device,
+                  "transport": getattr(vccl, "transport", None)}
         with open(os.path.join(args.out, "losses.json"), "w") as f:
             json.dump(result, f)
         print(f"[{args.parallel} x{dist.get_world_size()}] done: train loss {train_losses[-1]:.4f}, "

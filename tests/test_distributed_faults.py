@@ -163,6 +163,18 @@ def test_init_device_mesh_before_init_process_group():
         assert x == [1.0, 1.0]
 
 
+def _transport(rank, ws):
+    x = torch.full((4,), float(rank + 1), device="vnpu")
+    dist.all_reduce(x)
+    return dist.group.WORLD._get_backend(torch.device("vnpu")).transport, x.cpu().tolist()
+
+
+def test_private_device_memory_falls_back_to_gloo():
+    # VNPU_IPC=0: device memory is not shareable, so the ranks agree on Gloo (and still compute right)
+    for transport, x in run_world(2, _transport, env={"VNPU_IPC": "0"}):
+        assert transport == "gloo" and x == [3.0] * 4
+
+
 # ---------------------------------------------------------------- 4 ranks
 
 def _four(rank, ws):
