@@ -2,6 +2,7 @@
 
 #include "../ops/HostOpenMP.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/thread_name.h>
 
@@ -135,6 +136,10 @@ void ProgressEngine::run(const OpPtr& op) {
   } catch (const TransportError& e) {
     if (e.fatal()) poison(e.what());
     op->finish(e.what());
+  } catch (const c10::Error& e) {
+    std::string msg = c10::str("vccl: ", describe(*op), " failed: ", e.msg());
+    poison(msg);
+    op->finish(msg);
   } catch (const std::exception& e) {
     std::string msg = c10::str("vccl: ", describe(*op), " failed: ", e.what());
     poison(msg);

@@ -174,7 +174,9 @@ ShmTransport::ShmTransport(int rank, int world, bool check_args, std::shared_ptr
     : rank_(rank), world_(world), check_args_(check_args), gloo_(std::move(gloo)) {}
 
 ShmTransport::~ShmTransport() {
-  shutdown("the process group was destroyed");
+  // (The Gloo transport is shared: whoever runs this transport shuts it down, not the destructor,
+  // which also runs when set-up fails and Gloo takes over.)
+  stopped_.store(true);
   for (auto& per_peer : opened_)
     for (void* p : per_peer)
       if (p != nullptr) vnpuIpcCloseMemHandle(p);
@@ -216,6 +218,9 @@ std::shared_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<Stor
   }
   store->set(c10::str("shm/seg/", rank), my_error.empty() ? ShmSegment::encode(t->mine_.id()) : "-");
   store->set(c10::str("shm/dev/", rank), dev.str());
+  for (size_t d = 0; d < ex.handle.size() && my_error.empty(); ++d) {
+    if (ex.handle[d].empty()) my_error = c10::str("this rank's device memory (vnpu:", d, ") is not shareable (VNPU_IPC=0)");
+  }
   // 3. Map every peer's segment and device memory.
   t->peers_.resize(world);
   t->pids_.assign(world, 0);
@@ -237,7 +242,10 @@ std::shared_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<Stor
         uint64_t anchor = 0;
         std::string h;
         is >> anchor >> h;
-        if (h == "-") continue;  // that device of the peer is not shareable: used -> error at op time
+        if (h == "-") {
+          throw std::runtime_error(c10::str("the device memory of rank ", r, " (vnpu:", d,
+                                            ") is not shareable (VNPU_IPC=0 there?)"));
+        }
         vnpuIpcMemHandle_t handle{};
         unhex(h, handle.reserved, sizeof(handle.reserved));
         void* local = nullptr;
@@ -257,7 +265,14 @@ std::shared_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<Stor
   store->set(c10::str("shm/ok/", rank), my_error.empty() ? "1" : "0" + my_error);
   for (int r = 0; r < world; ++r) {
     std::string ok = store->get_to_str(c10::str("shm/ok/", r));
-    if (ok != "1") return fail(c10::str("rank ", r, ": ", ok.substr(1)));
+    if (ok != "1") {
+      std::string why = c10::str("rank ", r, ": ", ok.substr(1));
+      if (mode != "shm") {
+        TORCH_WARN_ONCE("vccl: every rank runs on this host, but the shared-memory transport is unavailable (",
+                        why, "); collectives use Gloo over TCP instead (slower)");
+      }
+      return fail(why);
+    }
   }
   (void)timeout;
   return t;
