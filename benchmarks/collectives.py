@@ -111,10 +111,10 @@ def _rank_main(rank, ws, ops, sizes, iters, warmup, budget_s):
     for op in ops:
         for nbytes in sizes:
             # fewer iterations for big messages (keeps each point near `budget_s` seconds)
-            n = iters
             for backend in ("vccl", "gloo"):
-                t = _one(op, backend, nbytes, rank, ws, 1, 1)
-                n = max(2, min(iters, int(budget_s / max(t, 1e-6))))
+                probe = torch.tensor([_one(op, backend, nbytes, rank, ws, 1, 1)], dtype=torch.float64)
+                dist.all_reduce(probe, op=dist.ReduceOp.MAX)  # every rank must run the same count
+                n = max(2, min(iters, int(budget_s / max(probe.item(), 1e-6))))
                 secs = _one(op, backend, nbytes, rank, ws, n, warmup)
                 worst = torch.tensor([secs], dtype=torch.float64)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # gloo (cpu tensor)

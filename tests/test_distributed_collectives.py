@@ -679,6 +679,11 @@ def _bad_input(rank, ws):
     expect("list_length", lambda: dist.all_gather([torch.empty(2, device="vnpu")] * 3, torch.ones(2, device="vnpu")))
     expect("wrong_device", lambda: dist.all_gather_into_tensor(torch.empty(4, device="vnpu:0"),
                                                                torch.ones(2, device="vnpu:1")))
+    # point to point: the receiver names the sizes (Gloo itself would abort the process)
+    expect("p2p_size", lambda: dist.send(torch.ones(4, device="vnpu"), 1) if rank == 0
+           else dist.recv(torch.empty(3, device="vnpu"), 0))
+    expect("p2p_dtype", lambda: dist.send(torch.ones(4, device="vnpu"), 1) if rank == 0
+           else dist.recv(torch.empty(4, device="vnpu", dtype=torch.int32), 0))
     return res
 
 
@@ -702,6 +707,11 @@ def test_bad_input_raises_clear_errors_and_keeps_the_group(world):
         assert d["band_float"][0] == "TypeError"
         assert d["list_length"][0] == "ValueError" and "one tensor per rank" in d["list_length"][1]
         assert d["wrong_device"][0] == "ValueError" and "one device" in d["wrong_device"][1]
+        if rank == 1:
+            assert "rank 0 sent 16 bytes of Float but this receive expects 12 bytes of Float" in d["p2p_size"][1]
+            assert "expects 16 bytes of Int" in d["p2p_dtype"][1]
+        else:
+            assert d["p2p_size"][0] is None and d["p2p_dtype"][0] is None  # the sender's data was taken
 
 
 def _assert_fails(rank, ws):

@@ -198,22 +198,29 @@ void GlooTransport::start(const OpPtr& op) {
     if (stopped_) throw TransportError("vccl: the process group was shut down", true);
   }
   try {
-    if (op->type == OpType::SEND || op->type == OpType::RECV || op->type == OpType::RECVANYSOURCE) {
-      waitLater(op, {post(*op)});
+    if (isP2P(op->type)) {
+      startP2P(op);
       return;
     }
     if (op->type == OpType::COALESCED) {
-      std::vector<c10::intrusive_ptr<Work>> works;
       for (auto& m : op->batch) {
-        if (m->type == OpType::SEND || m->type == OpType::RECV) {
-          works.push_back(post(*m));
+        if (isP2P(m->type)) {
+          startP2P(m);
         } else {
           check(*m);
           runCollective(*m);
           m->finish();
         }
       }
-      waitLater(op, std::move(works));
+      // The batch completes with its last member.
+      spawn([op] {
+        std::string error;
+        for (auto& m : op->batch) {
+          m->waitDone(op->timeout + std::chrono::milliseconds(10000));
+          if (error.empty() && !m->error().empty()) error = m->error();
+        }
+        op->finish(error);
+      });
       return;
     }
     check(*op);
@@ -226,21 +233,11 @@ void GlooTransport::start(const OpPtr& op) {
   }
 }
 
-c10::intrusive_ptr<Work> GlooTransport::post(const CollectiveOp& op) {
-  AliasContext ctx;
-  if (op.type == OpType::SEND) {
-    std::vector<Tensor> t{ctx.make(asBytes(op.inputs[0]))};
-    return gloo_->send(t, op.peer, op.tag);
-  }
-  std::vector<Tensor> t{ctx.make(asBytes(op.outputs[0]))};
-  if (op.type == OpType::RECV) return gloo_->recv(t, op.peer, op.tag);
-  return gloo_->recvAnysource(t, op.tag);
-}
+bool GlooTransport::isP2P(OpType t) { return t == OpType::SEND || t == OpType::RECV || t == OpType::RECVANYSOURCE; }
 
-void GlooTransport::waitLater(OpPtr op, std::vector<c10::intrusive_ptr<Work>> works) {
+void GlooTransport::spawn(std::function<void()> fn) {
   std::lock_guard<std::mutex> g(mu_);
-  // Reap waiters that are done.
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {  // reap finished waiters
     if (it->done->load()) {
       it->thread.join();
       it = waiters_.erase(it);
@@ -248,38 +245,148 @@ void GlooTransport::waitLater(OpPtr op, std::vector<c10::intrusive_ptr<Work>> wo
       ++it;
     }
   }
-  for (auto& w : works) pending_.push_back(w);
   auto done = std::make_shared<std::atomic<bool>>(false);
-  waiters_.push_back(Waiter{std::thread([this, op, works, done]() mutable {
-                              std::string error;
-                              int source = -1;
-                              for (auto& w : works) {
-                                try {
-                                  w->wait(op->timeout);
-                                } catch (const std::exception& e) {
-                                  if (error.empty()) error = glooError(*op, e);
-                                }
-                              }
-                              if (error.empty() && op->type == OpType::RECVANYSOURCE) {
-                                source = works[0]->sourceRank();
-                              }
-                              {
-                                std::lock_guard<std::mutex> g(mu_);
-                                for (auto& w : works) {
-                                  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-                                    if (*it == w) {
-                                      pending_.erase(it);
-                                      break;
-                                    }
-                                  }
-                                }
-                              }
-                              works.clear();
-                              if (!error.empty() && on_fatal_) on_fatal_(error);
-                              op->finish(error, source);
+  waiters_.push_back(Waiter{std::thread([fn = std::move(fn), done] {
+                              fn();
                               done->store(true);
                             }),
                             done});
+}
+
+void GlooTransport::track(const c10::intrusive_ptr<Work>& w, bool add) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (add) {
+    pending_.push_back(w);
+    return;
+  }
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (*it == w) {
+      pending_.erase(it);
+      return;
+    }
+  }
+}
+
+// Note [Point-to-point size check]
+// Gloo aborts the whole process when a message is larger than the buffer posted
+// for it (an enforce in its I/O thread), and silently fills part of a larger
+// buffer with a smaller one. So every send is preceded, on the same (peer, tag)
+// slot, by a 32-byte header (magic, bytes, dtype). A receive first takes the
+// header, then posts the payload receive: into the caller's tensor when sizes
+// and dtypes match, else into scratch memory of the sent size (the slot stays in
+// step) and fails with both sizes. Receives on one (peer, tag) slot take turns
+// (a ticket each, in issue order) from posting the header receive to posting the
+// payload receive, so each header is followed by its own payload.
+namespace {
+constexpr int64_t kHeaderMagic = 0x76636c70327000;  // "vcclp2p"
+}
+
+void GlooTransport::startP2P(const OpPtr& op) {
+  if (op->type == OpType::SEND) {
+    AliasContext ctx;
+    const TensorSpec& spec = op->inputs[0];
+    Tensor header = at::empty({4}, at::kLong);
+    auto* h = header.data_ptr<int64_t>();
+    h[0] = kHeaderMagic;
+    h[1] = numelOf(spec) * static_cast<int64_t>(c10::elementSize(spec.dtype));
+    h[2] = static_cast<int64_t>(spec.dtype);
+    h[3] = 0;
+    std::vector<Tensor> hv{header}, pv{ctx.make(asBytes(spec))};
+    auto hw = gloo_->send(hv, op->peer, op->tag);
+    auto pw = gloo_->send(pv, op->peer, op->tag);
+    track(hw, true);
+    track(pw, true);
+    spawn([this, op, hw, pw] {
+      std::string error;
+      for (const auto& w : {hw, pw}) {
+        try {
+          w->wait(op->timeout);
+        } catch (const std::exception& e) {
+          if (error.empty()) error = glooError(*op, e);
+        }
+        track(w, false);
+      }
+      if (!error.empty() && on_fatal_) on_fatal_(error);
+      op->finish(error);
+    });
+    return;
+  }
+  const bool any = op->type == OpType::RECVANYSOURCE;
+  std::shared_ptr<RecvSlot> slot;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto& s = slots_[{any ? -1 : op->peer, op->tag}];
+    if (!s) s = std::make_shared<RecvSlot>();
+    slot = s;
+    ticket = slot->next++;
+  }
+  spawn([this, op, slot, ticket, any] {
+    std::string error, mismatch;
+    bool fatal = false;
+    int source = any ? -1 : op->peer;
+    c10::intrusive_ptr<Work> payload;
+    const auto deadline = Clock::now() + op->timeout;
+    {
+      std::unique_lock<std::mutex> g(slot->mu);
+      if (!slot->cv.wait_until(g, deadline, [&] { return slot->serving == ticket; })) {
+        error = c10::str("vccl: ", describe(*op), " on rank ", rank_, " timed out behind earlier receives on the "
+                         "same (peer, tag)");
+      }
+    }
+    if (error.empty()) {
+      try {
+        Tensor header = at::zeros({4}, at::kLong);
+        std::vector<Tensor> hv{header};
+        auto hw = any ? gloo_->recvAnysource(hv, op->tag) : gloo_->recv(hv, op->peer, op->tag);
+        track(hw, true);
+        hw->wait(op->timeout);
+        track(hw, false);
+        if (any) source = hw->sourceRank();
+        const auto* h = header.data_ptr<int64_t>();
+        const TensorSpec& spec = op->outputs[0];
+        const int64_t want = numelOf(spec) * static_cast<int64_t>(c10::elementSize(spec.dtype));
+        if (h[0] != kHeaderMagic) {
+          throw std::runtime_error(c10::str("rank ", source, " sent a message vccl did not frame; it is probably "
+                                            "running a different operation on this tag"));
+        }
+        AliasContext ctx;
+        Tensor target;
+        if (h[1] == want && h[2] == static_cast<int64_t>(spec.dtype)) {
+          target = ctx.make(asBytes(spec));
+        } else {
+          target = at::empty({h[1]}, at::kByte);  // drained, so the slot stays in step
+          mismatch = c10::str("vccl: recv from rank ", source, " (tag ", op->tag, ") on rank ", rank_, ": rank ",
+                              source, " sent ", h[1], " bytes of ", c10::toString(static_cast<at::ScalarType>(h[2])),
+                              " but this receive expects ", want, " bytes of ", spec.dtype,
+                              "; the send and the receive must use tensors of the same size and dtype");
+        }
+        std::vector<Tensor> pv{target};
+        payload = gloo_->recv(pv, source, op->tag);
+        track(payload, true);
+      } catch (const std::exception& e) {
+        error = glooError(*op, e);
+        fatal = true;
+      }
+      {
+        std::lock_guard<std::mutex> g(slot->mu);
+        ++slot->serving;
+      }
+      slot->cv.notify_all();
+    }
+    if (payload) {
+      try {
+        payload->wait(op->timeout);
+      } catch (const std::exception& e) {
+        if (error.empty()) error = glooError(*op, e);
+        fatal = true;
+      }
+      track(payload, false);
+    }
+    if (error.empty()) error = mismatch;
+    if (fatal && on_fatal_) on_fatal_(error);
+    op->finish(error, error.empty() ? source : -1);
+  });
 }
 
 void GlooTransport::runCollective(CollectiveOp& op) {

@@ -14,14 +14,17 @@
 //    (integers truncate, as NCCL's ncclAvg).
 // Point-to-point transfers are posted on the progress thread and awaited on a
 // waiter thread each, so a send never blocks the ops behind it (the peer may
-// need one of them before it posts the matching receive).
+// need one of them before it posts the matching receive); each carries a small
+// header so that mismatched sizes fail clearly (Note [Point-to-point size check]).
 #pragma once
 
 #include "Transport.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -46,17 +49,29 @@ class GlooTransport final : public Transport {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
+  // Receives on one (peer, tag) take turns; see Note [Point-to-point size check].
+  struct RecvSlot {
+    std::mutex mu;  // guards serving
+    std::condition_variable cv;
+    uint64_t next = 0;     // tickets handed out (under GlooTransport::mu_)
+    uint64_t serving = 0;  // ticket allowed to post its receives
+  };
+  static bool isP2P(OpType t);
   void check(const CollectiveOp& op);
   void runCollective(CollectiveOp& op);
-  c10::intrusive_ptr<Work> post(const CollectiveOp& op);
-  void waitLater(OpPtr op, std::vector<c10::intrusive_ptr<Work>> works);
+  void startP2P(const OpPtr& op);
+  // Runs `fn` on a waiter thread (joined at shutdown).
+  void spawn(std::function<void()> fn);
+  // Adds/removes a posted Gloo work (aborted at shutdown).
+  void track(const c10::intrusive_ptr<Work>& w, bool add);
 
   c10::intrusive_ptr<Backend> gloo_;
   const int rank_, world_;
   const bool check_args_;
   std::function<void(const std::string&)> on_fatal_;
-  std::mutex mu_;                                  // guards waiters_, pending_, stopped_
+  std::mutex mu_;                                  // guards waiters_, pending_, stopped_, slots_
   std::vector<Waiter> waiters_;
+  std::map<std::pair<int, int>, std::shared_ptr<RecvSlot>> slots_;  // (peer or -1 for any, tag)
   std::vector<c10::intrusive_ptr<Work>> pending_;  // posted transfers (aborted at shutdown)
   bool stopped_ = false;
 };
