@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torch_vnpu.testing.distributed import run_world
+from torch_vnpu.testing.distributed import ProcessWorld, run_world
 
 
 def _dead_peer(rank, ws):
@@ -68,8 +68,15 @@ def _absent_peer(rank, ws):
     return out
 
 
-def test_a_peer_that_never_joins_times_out_and_other_groups_keep_working():
-    res = run_world(2, _absent_peer)
+@pytest.fixture(scope="module")
+def subgroup_world():
+    """A world whose default group these tests keep healthy (their faults hit subgroups only)."""
+    with ProcessWorld(2) as w:
+        yield w
+
+
+def test_a_peer_that_never_joins_times_out_and_other_groups_keep_working(subgroup_world):
+    res = subgroup_world.run(_absent_peer)
     r0 = res[0]
     assert r0["error"] is not None and "vccl: all_reduce" in r0["error"], r0
     assert "Timed out" in r0["error"] or "timed out" in r0["error"], r0
@@ -93,8 +100,8 @@ def _monitored(rank, ws):
     return res
 
 
-def test_monitored_barrier_names_the_missing_rank():
-    res = run_world(2, _monitored)
+def test_monitored_barrier_names_the_missing_rank(subgroup_world):
+    res = subgroup_world.run(_monitored)
     for name in ("cpu_gloo", "vccl_only"):
         assert res[0][name] is not None and "Rank 1" in res[0][name], (name, res[0][name])
 
