@@ -105,9 +105,11 @@ def build(args, vocab_size, device):
     if args.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # (fully_shard's default mesh is on the accelerator even for a CPU model: name the device)
+        mesh = init_device_mesh(device.type, (world,))
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model, dist.get_rank(), world
     from torch.distributed.tensor.parallel import parallelize_module
 
