@@ -133,10 +133,6 @@ double premulFactor(const CollectiveOp& op, AliasContext& ctx) {
   return ctx.make(op.premul_tensor).to(at::kDouble).item<double>();
 }
 
-void waitAll(std::vector<c10::intrusive_ptr<Work>>& works) {
-  for (auto& w : works) w->wait();
-}
-
 std::string glooError(const CollectiveOp& op, const std::exception& e) {
   std::string what = e.what();
   // c10::Error messages carry a C++ backtrace after the first lines; keep the message.
