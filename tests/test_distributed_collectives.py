@@ -676,6 +676,8 @@ def _bad_input(rank, ws):
                                                     [2, 2] if rank else [1, 3], [2, 2]))
     expect("noncontiguous", lambda: dist.all_reduce(torch.ones(4, 4, device="vnpu").t()[:, :2]))
     expect("band_float", lambda: dist.all_reduce(torch.ones(3, device="vnpu"), op=R.BAND))
+    expect("e8m0_sum", lambda: dist.all_reduce(torch.ones(3, device="vnpu").to(torch.float8_e8m0fnu)))
+    expect("e8m0_broadcast", lambda: dist.broadcast(torch.ones(3, device="vnpu").to(torch.float8_e8m0fnu), 0))
     expect("list_length", lambda: dist.all_gather([torch.empty(2, device="vnpu")] * 3, torch.ones(2, device="vnpu")))
     expect("wrong_device", lambda: dist.all_gather_into_tensor(torch.empty(4, device="vnpu:0"),
                                                                torch.ones(2, device="vnpu:1")))
@@ -705,6 +707,8 @@ def test_bad_input_raises_clear_errors_and_keeps_the_group(world):
         assert "called broadcast" in d["collective"][1] or "called all_reduce" in d["collective"][1]
         assert d["noncontiguous"][0] == "ValueError" and "contiguous" in d["noncontiguous"][1]
         assert d["band_float"][0] == "TypeError"
+        assert d["e8m0_sum"][0] == "TypeError" and "cannot reduce" in d["e8m0_sum"][1]
+        assert d["e8m0_broadcast"][0] is None  # moved as bytes
         assert d["list_length"][0] == "ValueError" and "one tensor per rank" in d["list_length"][1]
         assert d["wrong_device"][0] == "ValueError" and "one device" in d["wrong_device"][1]
         if rank == 1:
@@ -716,6 +720,26 @@ def test_bad_input_raises_clear_errors_and_keeps_the_group(world):
 
 def _assert_fails(rank, ws):
     raise ValueError(f"boom on rank {rank}")
+
+
+def _work_exception(rank, ws):
+    w = dist.all_reduce(torch.ones(2 + rank, device="vnpu"), async_op=True)
+    deadline = time.monotonic() + 30
+    while not w.is_completed() and time.monotonic() < deadline:  # polling never blocks a stream
+        time.sleep(0.01)
+    exc = w.exception()
+    try:
+        w.wait()
+        raised = None
+    except RuntimeError as e:
+        raised = type(e).__name__
+    return w.is_completed(), w.is_success(), str(exc), raised
+
+
+def test_work_reports_a_failure_through_exception_and_wait(world):
+    for completed, success, exc, raised in world.run(_work_exception):
+        assert completed and not success
+        assert "passed 3 elements" in exc and raised == "DistBackendError"
 
 
 def test_harness_reports_rank_failures(world):

@@ -427,7 +427,8 @@ def test_distributed_checkpoint_reshard_and_load_on_cpu(world, tmp_path):
     assert res[1][0]["2.bias"] == (0,)  # rank 1 holds an empty shard
     assert res[0][1] == res[1][1] == 0.0
     # this (pytest) process has no process group: DCP loads the checkpoint on CPU in one process
-    cpu = _small(seed=7)
+    with torch.random.fork_rng():  # (leave this process's generator as later tests expect it)
+        cpu = _small(seed=7)
     sd = {"model": cpu.state_dict()}
     with pytest.warns(UserWarning, match="single process"):
         dcp.load(sd, checkpoint_id=str(tmp_path))

@@ -1,6 +1,7 @@
 #include "ProcessGroupVCCL.h"
 
 #include "GlooTransport.h"
+#include "ShmReduce.h"
 #include "ShmTransport.h"
 #include "WorkVCCL.h"
 
@@ -102,6 +103,9 @@ void checkReduceOp(const ReduceOp& op, at::ScalarType dtype, const char* fn) {
   auto o = op.op_;
   const char* name = reduceOpName(o);
   TORCH_CHECK_VALUE(o != ReduceOp::UNUSED, "vccl ", fn, ": invalid reduce op");
+  TORCH_CHECK_TYPE(shmReducible(dtype), "vccl ", fn, ": cannot reduce tensors of dtype ", dtype,
+                   " (reductions support float64/32/16, bfloat16, float8 e4m3fn/e5m2(fnuz), complex64/128, "
+                   "(u)int8-64 and bool; move other dtypes with non-reducing collectives)");
   const bool bitwise = o == ReduceOp::BAND || o == ReduceOp::BOR || o == ReduceOp::BXOR;
   if (at::isComplexType(dtype)) {
     TORCH_CHECK_VALUE(o == ReduceOp::SUM || o == ReduceOp::AVG || o == ReduceOp::PREMUL_SUM, "vccl ", fn,
