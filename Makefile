@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-runtime test-python install deps system-deps bench opinfo opinfo-slice hf-coverage clean
+.PHONY: demo test test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
 	$(PY) benchmarks/compile.py --out $(OUT)/bench
+
+# Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the
+# DDP/FSDP step time of examples/train_gpt_dist.py (vnpu+vccl vs cpu+gloo, ~5 min).
+bench-dist: install
+	$(PY) benchmarks/collectives.py --out $(OUT)/bench
+	$(PY) benchmarks/dist_train_step.py --out $(OUT)/bench
 
 # Operator coverage (issue #3): the CI slice alone (also part of `make test`), and the full OpInfo sweep
 # (every sample and reference input as given, and the first 3 of each in the 5 layout variants; ~2 h on

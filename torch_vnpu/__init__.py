@@ -46,6 +46,9 @@ def _register() -> None:
     from ._inductor import lazy
 
     lazy.install()  # torch.compile support, registered on first use (no Dynamo/Inductor import here)
+    from . import distributed
+
+    distributed._register()
 
 
 _register()

@@ -8,6 +8,7 @@
 #include "../core/VNPUHooks.h"
 #include "../core/VNPUHostAllocator.h"
 #include "../core/VNPUStream.h"
+#include "../distributed/Bindings.h"
 #include "../inductor/KernelLaunch.h"
 #include "../ops/Executor.h"
 #include "../ops/HostOpenMP.h"
@@ -231,4 +232,7 @@ PYBIND11_MODULE(_C, m) {
   // (Note [Compiled kernels on the stream]), as a capsule for PyCapsule_Import.
   m.attr("_inductor_launch_api") = py::capsule(static_cast<const void*>(at::vnpu::inductor_launch_api()),
                                                "torch_vnpu._C._inductor_launch_api");
+
+  // Distributed (vccl), defined lazily by torch_vnpu.distributed.
+  torch_vnpu::distributed::init_module(m);
 }

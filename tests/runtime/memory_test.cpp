@@ -377,3 +377,91 @@ TEST_F(MemoryTest, PointerAttributesAfterFree) {
 }
 
 }  // namespace
+
+// ---- inter-process memory (vnpuIpc*) --------------------------------------
+
+namespace {
+
+std::string ToHex(const vnpuIpcMemHandle_t& h) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : h.reserved) {
+    s += digits[c >> 4];
+    s += digits[c & 15];
+  }
+  return s;
+}
+
+vnpuIpcMemHandle_t FromHex(const char* s) {
+  vnpuIpcMemHandle_t h{};
+  for (size_t i = 0; i < sizeof(h.reserved) && s[2 * i] && s[2 * i + 1]; ++i) {
+    auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    h.reserved[i] = static_cast<char>(v(s[2 * i]) * 16 + v(s[2 * i + 1]));
+  }
+  return h;
+}
+
+// Another process maps the exporter's device memory: reads the pattern the
+// parent wrote, checks that a second allocation translates by the same offset,
+// and writes an answer the parent then reads.
+VNPU_CHILD_SCENARIO(IpcOpenInChild) {
+  vnpuIpcMemHandle_t h = FromHex(std::getenv("VNPU_TEST_IPC_HANDLE"));
+  const size_t second = std::strtoull(std::getenv("VNPU_TEST_IPC_SECOND"), nullptr, 10);
+  void* p = nullptr;
+  CHILD_CHECK_EQ(vnpuIpcOpenMemHandle(&p, h, vnpuIpcMemLazyEnablePeerAccess), vnpuSuccess);
+  auto* bytes = static_cast<unsigned char*>(p);
+  for (int i = 0; i < 4096; ++i) CHILD_CHECK_EQ(bytes[i], static_cast<unsigned char>(i * 7));
+  void* q = nullptr;  // a second open shares the mapping
+  CHILD_CHECK_EQ(vnpuIpcOpenMemHandle(&q, h, 0), vnpuSuccess);
+  CHILD_CHECK(q == p);
+  CHILD_CHECK_EQ(bytes[second], 0x5a);  // an allocation the handle did not name
+  for (int i = 0; i < 4096; ++i) bytes[i] = static_cast<unsigned char>(255 - i % 256);
+  CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(q), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(p), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(p), vnpuErrorInvalidValue);  // closed already
+  return 0;
+}
+
+}  // namespace
+
+TEST_F(RuntimeTest, IpcHandleMapsDeviceMemoryInAnotherProcess) {
+  DeviceBuffer a(4096), b(4096);
+  auto* pa = static_cast<unsigned char*>(a.get());
+  for (int i = 0; i < 4096; ++i) pa[i] = static_cast<unsigned char>(i * 7);
+  static_cast<unsigned char*>(b.get())[0] = 0x5a;
+  vnpuIpcMemHandle_t h{};
+  ASSERT_EQ(vnpuIpcGetMemHandle(&h, a.get()), vnpuSuccess);
+  // In this process the handle opens to the exported pointer itself.
+  void* self = nullptr;
+  ASSERT_EQ(vnpuIpcOpenMemHandle(&self, h, 0), vnpuSuccess);
+  EXPECT_EQ(self, a.get());
+  EXPECT_EQ(vnpuIpcCloseMemHandle(self), vnpuSuccess);
+  const auto second = static_cast<char*>(b.get()) - static_cast<char*>(a.get());
+  ASSERT_EQ(RunScenario("IpcOpenInChild", {"VNPU_TEST_IPC_HANDLE=" + ToHex(h),
+                                           "VNPU_TEST_IPC_SECOND=" + std::to_string(second)}),
+            0);
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(pa[i], static_cast<unsigned char>(255 - i % 256)) << i;
+}
+
+TEST_F(RuntimeTest, IpcRejectsBadArguments) {
+  vnpuIpcMemHandle_t h{};
+  int host = 0;
+  EXPECT_EQ(vnpuIpcGetMemHandle(&h, &host), vnpuErrorInvalidValue);  // not device memory
+  EXPECT_EQ(vnpuIpcGetMemHandle(nullptr, nullptr), vnpuErrorInvalidValue);
+  void* p = nullptr;
+  EXPECT_EQ(vnpuIpcOpenMemHandle(&p, h, 0), vnpuErrorInvalidValue);  // zeros: not a handle
+  EXPECT_EQ(vnpuIpcCloseMemHandle(&host), vnpuErrorInvalidValue);
+}
+
+namespace {
+VNPU_CHILD_SCENARIO(IpcDisabled) {
+  void* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(&p, 4096), vnpuSuccess);
+  vnpuIpcMemHandle_t h{};
+  CHILD_CHECK_EQ(vnpuIpcGetMemHandle(&h, p), vnpuErrorNotSupported);
+  CHILD_CHECK_EQ(vnpuFree(p), vnpuSuccess);
+  return 0;
+}
+}  // namespace
+
+TEST_F(RuntimeTest, IpcCanBeTurnedOff) { EXPECT_EQ(RunScenario("IpcDisabled", {"VNPU_IPC=0"}), 0); }

@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <sstream>
 
@@ -34,6 +35,7 @@ constexpr size_t kDefaultCapacity = size_t(8) << 30;
 std::string g_config_error;     // written once, during discovery
 std::string g_config_warnings;  // written once, during discovery
 bool g_launch_blocking = false;  // VNPU_LAUNCH_BLOCKING, read during discovery
+bool g_ipc = true;               // VNPU_IPC, read during discovery
 
 // Note [Boolean environment variables]
 // One rule for every boolean VNPU_* variable, PyTorch's own (c10::utils::check_env
@@ -90,12 +92,14 @@ size_t region_bytes(const MemoryRegion& m) { return m.capacity == 0 ? 4096 : m.c
 // if memfd is unavailable (then the VMM calls report vnpuErrorNotSupported).
 void back_region(MemoryRegion& m, int physical) {
   const size_t bytes = region_bytes(m);
-  const std::string name = "vnpu-device" + std::to_string(physical);
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  std::random_device rd;
+  const uint64_t nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
+  int fd = memfd_create(memfd_name(physical, nonce).c_str(), MFD_CLOEXEC);
   if (fd >= 0) {
     if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
         mmap(m.base, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) != MAP_FAILED) {
       m.fd = fd;
+      m.nonce = nonce;
       return;
     }
     close(fd);
@@ -132,6 +136,9 @@ std::vector<Device*>* create_devices() {
   std::string warning;
   g_launch_blocking = parse_flag("VNPU_LAUNCH_BLOCKING", false, &warning);
   if (!warning.empty()) g_config_warnings += warning + "\n";
+  warning.clear();
+  g_ipc = parse_flag("VNPU_IPC", true, &warning);
+  if (!warning.empty()) g_config_warnings += warning + "\n";
   int physical = 2;
   if (const char* c = std::getenv("VNPU_DEVICE_COUNT")) {
     char* end = nullptr;
@@ -167,7 +174,6 @@ std::vector<Device*>* create_devices() {
                        std::to_string(index) + " (VNPU_MEMORY_PER_DEVICE); lower it or VNPU_DEVICE_COUNT";
       break;
     }
-    d->mem.base = static_cast<char*>(base);
     if (capacity > 0) d->mem.free_[0] = capacity;
     auto* s = new vnpuStream_st();
     s->device = d->index;
@@ -201,6 +207,11 @@ vnpuError_t initialize() {
 bool launch_blocking() {
   devices();
   return g_launch_blocking;
+}
+
+bool ipc_enabled() {
+  devices();
+  return g_ipc;
 }
 
 bool wait_device_idle(int device, bool interruptible) {

@@ -56,7 +56,10 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorInvalidConfiguration: return "invalid configuration (see vnpuGetConfigurationErrorString)";
     case vnpuErrorForkedAfterInit:
       return "the vNPU runtime cannot be used in a process forked after it was initialized";
-    case vnpuErrorNotSupported: return "operation not supported";
+    case vnpuErrorMapBufferObjectFailed:
+      return "the exporting process's device memory could not be mapped (process gone, or no permission)";
+    case vnpuErrorNotSupported:
+      return "operation not supported (device memory is not shareable: VNPU_IPC=0, or memfd unavailable)";
     case vnpuErrorInterrupted: return "the wait was interrupted (the work waited for continues)";
   }
   return "unknown error";

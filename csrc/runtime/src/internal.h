@@ -77,7 +77,8 @@ namespace vnpu::rt {
 struct MemoryRegion {
   char* base = nullptr;            // reserved at discovery, backed at initialization
   size_t capacity = 0;             // bytes
-  int fd = -1;                     // the memfd of the physical pages; -1: private anonymous memory (no VMM)
+  int fd = -1;                     // the memfd of the physical pages; -1: private anonymous memory (no VMM, no IPC)
+  uint64_t nonce = 0;              // random id in the memfd's name, checked by vnpuIpcOpenMemHandle
   std::mutex mu;                   // guards free_/used_/used_bytes
   std::map<size_t, size_t> free_;  // offset -> bytes
   std::map<size_t, size_t> used_;  // offset -> bytes (vnpuMalloc blocks)
@@ -152,5 +153,10 @@ bool wait_interruptible(std::unique_lock<std::mutex>& lk, std::condition_variabl
     if (stop) return done();
   }
 }
+// The memfd name of a device's physical pages (its nonce lets an IPC importer
+// check that /proc/<pid>/fd/<fd> is still that memfd).
+std::string memfd_name(int physical, uint64_t nonce);
+// VNPU_IPC: whether device memory may be exported to other processes.
+bool ipc_enabled();
 
 }  // namespace vnpu::rt

@@ -30,6 +30,7 @@
 //  VNPU_VISIBLE_DEVICES     comma-separated physical ids, like CUDA_VISIBLE_DEVICES
 //  VNPU_MEMORY_PER_DEVICE   capacity in bytes, suffixes K/M/G/T (KiB...) (default 8G)
 //  VNPU_LAUNCH_BLOCKING     1 = synchronous execution (boolean: see vnpuGetEnvFlag)
+//  VNPU_IPC                 0 = device memory not exported to other processes (no vnpuIpc*); default 1
 //
 // Example:
 //   vnpuStream_t s;  vnpuStreamCreate(&s);
@@ -56,7 +57,8 @@ enum vnpuError_t : int {
   vnpuErrorLaunchFailure = 6,       // a kernel failed on the device
   vnpuErrorForkedAfterInit = 7,     // runtime used in a child forked after init
   vnpuErrorInvalidConfiguration = 8,  // bad VNPU_* environment variable: no devices
-  vnpuErrorNotSupported = 10,         // VMM without shareable physical memory (no memfd)
+  vnpuErrorMapBufferObjectFailed = 9, // IPC: the exporter's memory could not be mapped
+  vnpuErrorNotSupported = 10,         // VMM or IPC without shareable memory (no memfd; IPC: VNPU_IPC=0)
   vnpuErrorInterrupted = 11,          // a host wait was cut short by the wait-interrupt hook
 };
 
@@ -175,50 +177,9 @@ vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us);
 // ATen's kernels). nullptr disables it. Process-wide; applies to every stream.
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us);
 
-// Virtual memory management (the CUDA driver's cuMemAddressReserve,
-// cuMemCreate, cuMemMap, ...). Physical memory comes in handles that take whole
-// pages of a device's capacity from anywhere, contiguous or not, and are mapped
-// into address ranges reserved beforehand: a large range can be built from
-// scattered free memory (the caching allocator's expandable segments). Sizes,
-// offsets and addresses are multiples of the granularity (2 MiB). Mapped
-// memory is device memory for every other call (copies, vnpuPointerGetAttributes).
-// Example:
-//   vnpuMemAllocationProp prop{/*device=*/0};
-//   size_t g;  vnpuMemGetAllocationGranularity(&g, &prop, vnpuMemAllocationGranularityMinimum);
-//   void* va;  vnpuMemAddressReserve(&va, 64 * g, 0, nullptr, 0);
-//   vnpuMemGenericAllocationHandle_t h;  vnpuMemCreate(&h, 4 * g, &prop, 0);
-//   vnpuMemMap(va, 4 * g, 0, h, 0);  vnpuMemRelease(h);  // pages live while mapped
-//   ... use [va, va + 4g) ...
-//   vnpuMemUnmap(va, 4 * g);  vnpuMemAddressFree(va, 64 * g);
-using vnpuMemGenericAllocationHandle_t = struct vnpuMemHandle_st*;
-struct vnpuMemAllocationProp {
-  int device;  // where the physical memory lives
-};
-enum vnpuMemAllocationGranularityFlags : int {
-  vnpuMemAllocationGranularityMinimum = 0,
-  vnpuMemAllocationGranularityRecommended = 1,
-};
-vnpuError_t vnpuMemGetAllocationGranularity(size_t* granularity, const vnpuMemAllocationProp* prop,
-                                            vnpuMemAllocationGranularityFlags option);
-// Reserves address space only (no memory). `addr` (a hint) is ignored; flags must be 0.
-vnpuError_t vnpuMemAddressReserve(void** ptr, size_t size, size_t alignment, void* addr,
-                                  unsigned long long flags);
-// Frees a whole reservation; it must not be mapped any more.
-vnpuError_t vnpuMemAddressFree(void* ptr, size_t size);
-// Takes `size` bytes of the device's free memory (vnpuErrorMemoryAllocation if
-// less is free in total; vnpuErrorNotSupported if the device's memory is not a
-// shareable memfd). Counts in vnpuMemGetInfo like vnpuMalloc.
-vnpuError_t vnpuMemCreate(vnpuMemGenericAllocationHandle_t* handle, size_t size,
-                          const vnpuMemAllocationProp* prop, unsigned long long flags);
-// Drops the handle; its memory returns to the device once it is not mapped anywhere.
-vnpuError_t vnpuMemRelease(vnpuMemGenericAllocationHandle_t handle);
-// Maps bytes [offset, offset + size) of `handle` at `ptr`, inside a reservation
-// and over no other mapping.
-vnpuError_t vnpuMemMap(void* ptr, size_t size, size_t offset, vnpuMemGenericAllocationHandle_t handle,
-                       unsigned long long flags);
-// Unmaps [ptr, ptr + size), which must be exactly one or more whole mappings;
-// first waits for the work queued on their devices (no error is consumed).
-vnpuError_t vnpuMemUnmap(void* ptr, size_t size);
+  vnpuErrorMapBufferObjectFailed = 9, // IPC: the exporter's memory could not be mapped
+  vnpuErrorNotSupported = 10,         // VMM or IPC without shareable memory (no memfd; IPC: VNPU_IPC=0)
+  vnpuErrorInterrupted = 11,          // a host wait was cut short by the wait-interrupt hook
 
 // Events (CUDA semantics: a never-recorded event is complete; a wait or
 // synchronize refers to the record current at its call, even if the event is

@@ -1,0 +1,93 @@
+#include "WorkVCCL.h"
+
+#include "../core/VNPUException.h"
+#include "../core/VNPUStream.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+namespace c10d::vnpu {
+namespace {
+
+// A gate waits a little longer than the op's own timeout, so the transport's
+// error (which names the cause) normally arrives first.
+constexpr std::chrono::milliseconds kGateSlack{10000};
+
+std::exception_ptr errorOf(const std::string& msg) {
+  return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+}
+
+}  // namespace
+
+void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout, bool raise) {
+  if (op->state() == CollectiveOp::State::kDone) return;  // nothing left to wait for
+  std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op->timeout + kGateSlack;
+  std::string name = c10::str("vccl:", op->name);
+  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, limit, raise] {
+    if (!op->waitDone(limit) && raise) {
+      throw std::runtime_error(c10::str(
+          "vccl: ", describe(*op), " did not complete within ", limit.count(),
+          " ms; a peer may have died, be stuck, or not call this collective"));
+    }
+    if (raise && op->state() == CollectiveOp::State::kFailed) throw std::runtime_error(op->error());
+  }));
+}
+
+WorkVCCL::WorkVCCL(OpPtr op, int rank, c10::Device device, std::vector<at::Tensor> outputs,
+                   c10::intrusive_ptr<c10::ivalue::Future> future, bool blocking)
+    : Work(rank, op->type, nullptr), op_(std::move(op)), device_(device), outputs_(std::move(outputs)),
+      future_(std::move(future)), blocking_(blocking) {}
+
+bool WorkVCCL::isCompleted() { return op_->completed(); }
+
+bool WorkVCCL::isSuccess() const { return op_->state() == CollectiveOp::State::kDone; }
+
+std::exception_ptr WorkVCCL::exception() const {
+  if (op_->state() != CollectiveOp::State::kFailed) return nullptr;
+  return errorOf(op_->error());
+}
+
+int WorkVCCL::sourceRank() const {
+  op_->waitDone(op_->timeout);
+  int r = op_->sourceRank();
+  TORCH_CHECK(r >= 0, "vccl: sourceRank() is only available for a completed recv from any source");
+  return r;
+}
+
+std::vector<at::Tensor> WorkVCCL::result() { return outputs_; }
+
+void WorkVCCL::gateCurrentStream(std::chrono::milliseconds timeout) {
+  auto stream = c10::vnpu::getCurrentVNPUStream(device_.index());
+  enqueueGate(op_, stream.stream(), timeout, /*raise=*/true);
+}
+
+void WorkVCCL::synchronize() { gateCurrentStream(kNoTimeout); }
+
+void WorkVCCL::blockCurrentStream() { gateCurrentStream(kNoTimeout); }
+
+bool WorkVCCL::wait(std::chrono::milliseconds timeout) {
+  if (blocking_) {
+    // Host-blocking (barrier, as ProcessGroupNCCL's): also waits for the op's stream work.
+    std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op_->timeout + kGateSlack;
+    if (!op_->waitDone(limit)) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("vccl: ", describe(*op_), " timed out after ", limit.count(),
+                               " ms on rank ", rank_, "; a peer may have died or not reached it"));
+    }
+  }
+  if (op_->state() == CollectiveOp::State::kFailed) C10_THROW_ERROR(DistBackendError, op_->error());
+  gateCurrentStream(timeout);
+  return true;
+}
+
+void WorkVCCL::abort() {
+  op_->finish(c10::str("vccl: ", describe(*op_), " was aborted"));
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkVCCL::getFuture() { return future_; }
+
+float WorkVCCL::getDuration() const { return op_->durationMs(); }
+
+uint64_t WorkVCCL::getSequencenumber() const { return op_->seq; }
+
+}  // namespace c10d::vnpu

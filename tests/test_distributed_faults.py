@@ -1,0 +1,236 @@
+"""vccl under faults and special modes, each in a fresh world of processes: a peer that dies or never
+joins (a clear error within the timeout, never a hang; other groups keep working),
+monitored_barrier naming the missing rank, TORCH_DISTRIBUTED_DEBUG=DETAIL, VNPU_LAUNCH_BLOCKING=1,
+and init_device_mesh before init_process_group."""
+
+import datetime
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from torch_vnpu.testing.distributed import ProcessWorld, run_world
+
+
+def _dead_peer(rank, ws):
+    dist.barrier()
+    if rank == 1:
+        threading.Timer(0.5, lambda: os._exit(0)).start()  # dies after reporting back
+        return None
+    time.sleep(2.0)
+    t0 = time.perf_counter()
+    try:
+        x = torch.ones(4, device="vnpu")
+        dist.all_reduce(x)
+        torch.vnpu.synchronize()
+        return ("no error", time.perf_counter() - t0)
+    except RuntimeError as e:
+        return (str(e).splitlines()[0], time.perf_counter() - t0)
+
+
+def test_a_dead_peer_gives_an_error_not_a_hang():
+    res = run_world(2, _dead_peer, init_kwargs={"timeout": datetime.timedelta(seconds=20)})
+    msg, elapsed = res[0]
+    assert "vccl: all_reduce" in msg and ("Gloo" in msg or "failed" in msg), msg
+    assert elapsed < 20, elapsed
+
+
+def _absent_peer(rank, ws):
+    out = {}
+    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
+    if rank == 0:
+        t0 = time.perf_counter()
+        x = torch.ones(4, device="vnpu")
+        try:
+            dist.all_reduce(x, group=g)
+            torch.vnpu.synchronize()
+            out["error"] = None
+        except RuntimeError as e:
+            out["error"] = str(e).splitlines()[0]
+        out["elapsed"] = time.perf_counter() - t0
+        # the group is unusable now: later ops fail at once with the first failure's cause
+        t0 = time.perf_counter()
+        try:
+            dist.all_reduce(x, group=g)
+            out["second"] = None
+        except RuntimeError as e:
+            out["second"] = str(e).splitlines()[0]
+        out["second_elapsed"] = time.perf_counter() - t0
+    dist.barrier()  # the world group is unaffected
+    # a new group works
+    g2 = dist.new_group([0, 1])
+    y = torch.full((3,), float(rank + 1), device="vnpu")
+    dist.all_reduce(y, group=g2)
+    out["new_group"] = y.cpu().tolist()
+    return out
+
+
+@pytest.fixture(scope="module")
+def subgroup_world():
+    """A world whose default group these tests keep healthy (their faults hit subgroups only)."""
+    with ProcessWorld(2) as w:
+        yield w
+
+
+def test_a_peer_that_never_joins_times_out_and_other_groups_keep_working(subgroup_world):
+    res = subgroup_world.run(_absent_peer)
+    r0 = res[0]
+    assert r0["error"] is not None and "vccl: all_reduce" in r0["error"], r0
+    assert "Timed out" in r0["error"] or "timed out" in r0["error"], r0
+    assert 2.5 < r0["elapsed"] < 15, r0
+    assert "failed earlier" in r0["second"] and r0["second_elapsed"] < 1, r0
+    assert res[0]["new_group"] == res[1]["new_group"] == [3.0, 3.0, 3.0]
+
+
+def _monitored(rank, ws):
+    res = {}
+    for name, backend in (("cpu_gloo", None), ("vccl_only", "vccl")):
+        g = dist.new_group([0, 1], backend=backend)
+        dist.monitored_barrier(g, timeout=datetime.timedelta(seconds=10))  # both arrive: passes
+        if rank == 0:
+            try:
+                dist.monitored_barrier(g, timeout=datetime.timedelta(seconds=2))
+                res[name] = None
+            except RuntimeError as e:
+                res[name] = str(e)
+        dist.barrier()
+    return res
+
+
+def test_monitored_barrier_names_the_missing_rank(subgroup_world):
+    res = subgroup_world.run(_monitored)
+    for name in ("cpu_gloo", "vccl_only"):
+        assert res[0][name] is not None and "Rank 1" in res[0][name], (name, res[0][name])
+
+
+def _detail(rank, ws):
+    g = dist.group.WORLD._get_backend(torch.device("vnpu"))
+    wrapped = type(g).__name__
+    try:
+        dist.all_reduce(torch.ones(2 + rank, device="vnpu"))
+        return wrapped, None
+    except RuntimeError as e:
+        return wrapped, str(e)
+
+
+def test_torch_distributed_debug_detail_wraps_vccl_and_raises_at_the_call():
+    res = run_world(2, _detail, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for wrapped, err in res:
+        assert wrapped == "_ProcessGroupWrapper"
+        assert err is not None and "mismatch" in err.lower(), err
+
+
+def _launch_blocking(rank, ws):
+    out = {}
+    x = torch.ones(8, device="vnpu")
+    w = dist.all_reduce(x, async_op=True)
+    out["completed_at_return"] = w.is_completed()
+    # p2p must still overlap: send-before-recv on both ranks
+    a = torch.full((1 << 16,), float(rank), device="vnpu")
+    b = torch.empty(1 << 16, device="vnpu")
+    s = dist.isend(a, 1 - rank)
+    r = dist.irecv(b, 1 - rank)
+    s.wait()
+    r.wait()
+    out["p2p"] = b[:2].cpu().tolist()
+    try:
+        dist.all_reduce(torch.ones(3 + rank, device="vnpu"))
+        out["mismatch"] = None
+    except RuntimeError as e:
+        out["mismatch"] = type(e).__name__
+    return out
+
+
+def test_launch_blocking_completes_collectives_in_the_call():
+    res = run_world(2, _launch_blocking, env={"VNPU_LAUNCH_BLOCKING": "1"})
+    for rank, r in enumerate(res):
+        assert r["completed_at_return"] is True
+        assert r["p2p"] == [float(1 - rank)] * 2
+        assert r["mismatch"] == "DistBackendError"
+
+
+def _mesh_without_init(rank, ws):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert not dist.is_initialized()
+    mesh = init_device_mesh("vnpu", (ws,))
+    x = torch.full((2,), float(rank), device="vnpu")
+    dist.all_reduce(x, group=mesh.get_group())
+    return dist.get_backend_config(), torch.vnpu.current_device(), x.cpu().tolist()
+
+
+def test_init_device_mesh_before_init_process_group():
+    res = run_world(2, _mesh_without_init, init=False)
+    for rank, (config, device, x) in enumerate(res):
+        assert config == "cpu:gloo,vnpu:vccl"
+        assert device == rank  # set from LOCAL_RANK by DeviceMesh
+        assert x == [1.0, 1.0]
+
+
+def _transport(rank, ws):
+    x = torch.full((4,), float(rank + 1), device="vnpu")
+    dist.all_reduce(x)
+    return dist.group.WORLD._get_backend(torch.device("vnpu")).transport, x.cpu().tolist()
+
+
+def test_private_device_memory_falls_back_to_gloo():
+    # VNPU_IPC=0: device memory is not shareable, so the ranks agree on Gloo (and still compute right)
+    for transport, x in run_world(2, _transport, env={"VNPU_IPC": "0"}):
+        assert transport == "gloo" and x == [3.0] * 4
+
+
+# ---------------------------------------------------------------- 4 ranks
+
+def _four(rank, ws):
+    fails = []
+    R = dist.ReduceOp
+    g = torch.Generator().manual_seed(42)
+    xs = [torch.randn(8, 3, generator=g) for _ in range(ws)]
+    for dtype in (torch.float32, torch.bfloat16):
+        t = xs[rank].to(dtype).to("vnpu")
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+        exp = sum(x.to(dtype).double() * 0.5 for x in xs)
+        torch.testing.assert_close(t.cpu().double(), exp, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    out = torch.empty(2, 3, device="vnpu")
+    dist.reduce_scatter_tensor(out, xs[rank].to("vnpu"), op=R.AVG)
+    torch.testing.assert_close(out.cpu(), (sum(xs) / ws).chunk(ws)[rank])
+    # uneven all_to_all_single: rank s sends s + d + 1 rows to rank d
+    sizes = [[s + d + 1 for d in range(ws)] for s in range(ws)]
+    ins = [torch.arange(sum(sizes[s]), dtype=torch.float32) + 100 * s for s in range(ws)]
+    out_splits = [sizes[s][rank] for s in range(ws)]
+    o = torch.empty(sum(out_splits), device="vnpu")
+    dist.all_to_all_single(o, ins[rank].to("vnpu"), out_splits, sizes[rank])
+    torch.testing.assert_close(o.cpu(), torch.cat([ins[s].split(sizes[s])[rank] for s in range(ws)]))
+    # subgroups: new_group and split_group
+    evens, odds = dist.new_group([0, 2]), dist.new_group([1, 3])
+    mine = evens if rank % 2 == 0 else odds
+    y = torch.full((2,), float(rank), device="vnpu")
+    dist.all_reduce(y, group=mine)
+    if y.tolist() != [float(2 + 2 * (rank % 2))] * 2:
+        fails.append(f"new_group {y.tolist()}")
+    sub = dist.split_group(split_ranks=[[0, 1], [2, 3]])
+    z = torch.full((2,), float(rank), device="vnpu")
+    dist.all_reduce(z, group=sub)
+    if z.tolist() != [float(1 + 4 * (rank // 2))] * 2:
+        fails.append(f"split_group {z.tolist()}")
+    if type(sub._get_backend(torch.device("vnpu"))).__name__ != "ProcessGroupVCCL":
+        fails.append("split_group backend")
+    # a 2-D device mesh, collectives along each dimension
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("vnpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    for dim, expect in (("dp", rank % 2 * 2 + 2), ("tp", (rank // 2) * 4 + 1)):
+        v = torch.full((1,), float(rank), device="vnpu")
+        dist.all_reduce(v, group=mesh.get_group(dim))
+        if v.item() != float(expect):
+            fails.append(f"mesh {dim}: {v.item()} != {expect}")
+    return fails
+
+
+def test_four_ranks_subgroups_and_mesh(world4):
+    for fails in world4.run(_four):
+        assert fails == []
