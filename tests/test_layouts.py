@@ -135,3 +135,27 @@ def test_sync_kernel_writes_a_stride0_inplace_argument_like_cpu():
         assert torch.isfinite(rm.cpu()).all() and not torch.equal(rm[0].cpu(), rm0[0])
     for v, c in zip(results[DEV], results["cpu"]):
         torch.testing.assert_close(v, c)
+
+
+def test_fft_output_strides_follow_dims_and_input_order():
+    """CPU's c2r FFT keeps the input's memory order, so its output strides depend on which dims it transforms and
+    on the input's permutation; Meta's do not. Signatures that differ only in these are validated separately
+    (before: hfftn over all dims of a transposed input reused the strides validated for dims (1, 2), (72, 12, 1)
+    where CPU gives (12, 60, 1))."""
+    torch.manual_seed(0)
+    base = torch.randn(5, 6, 7)
+    calls = [
+        lambda t: torch.fft.hfftn(t, s=(3, 10), dim=(1, 2), norm="ortho"),
+        lambda t: torch.fft.hfftn(t, norm="ortho"),
+        lambda t: torch.fft.hfftn(t, s=(8,)),
+        lambda t: torch.fft.irfft(t, n=10, dim=1),
+        lambda t: torch.fft.irfft(t),
+        lambda t: torch.fft.irfft(t, n=7, dim=0),
+    ]
+    for perm in [(0, 1, 2), (2, 1, 0), (1, 0, 2), (0, 2, 1), (1, 2, 0)]:
+        inv = [perm.index(d) for d in range(3)]
+        x = base.permute(perm).contiguous().permute(inv)
+        for k, fn in enumerate(calls):
+            c, v = fn(x), fn(x.to(DEV))
+            assert v.stride() == c.stride(), (perm, k, c.stride(), v.stride())
+            torch.testing.assert_close(v.cpu(), c)

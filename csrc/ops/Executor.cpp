@@ -29,6 +29,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -648,24 +649,50 @@ int64_t layout_class(const Tensor& t) {
   return f * 4 + (row_major ? 2 : 3);  // gaps or overlap (slices, expand)
 }
 
+// The order of a tensor's dims by decreasing stride (ties and size-1 dims in
+// index order), as one number: CPU kernels that keep an input's memory order
+// (FFTs over some of its dims) give different strides for different orders.
+int64_t dim_order_code(const Tensor& t) {
+  const int64_t n = t.dim();
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [&](int64_t d) { return t.size(d) <= 1 ? std::numeric_limits<int64_t>::min() : t.stride(d); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) > key(b); });
+  uint64_t code = 0;  // wraps for many dims: then a hash, collisions merely share a signature
+  for (int64_t d : order) code = code * static_cast<uint64_t>(n + 1) + static_cast<uint64_t>(d);
+  return static_cast<int64_t>(code);
+}
+
 // The key of Note [Meta kernels are checked against CPU]: dtype, device, rank
 // and layout class of every tensor, and the values of bools and ints (e.g.
 // batch norm's `training` or a loss's `reduction` decide whether CPU returns
 // empty or 0-dim outputs where the Meta kernel does not), but not sizes: a
-// training loop converges to a handful of signatures.
-std::vector<int64_t> dtype_signature(ArrayRef<IValue> args) {
+// training loop converges to a handful of signatures. Dimension lists (`dim`,
+// `dims`, `perm`) are values too: which dims an op works on decides how its
+// output follows a permuted input (irfft over dim 1 vs dim 2 of a transposed
+// tensor gives different strides on CPU, not on Meta).
+bool names_dims(const std::string& arg) { return arg.find("dim") != std::string::npos || arg == "perm"; }
+
+std::vector<int64_t> dtype_signature(const c10::FunctionSchema& schema, ArrayRef<IValue> args) {
   std::vector<int64_t> sig;
   auto add = [&](const Tensor& t) {
     if (!t.defined()) { sig.push_back(-1); return; }
+    const int64_t cls = layout_class(t);
     sig.push_back(((static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0)) * 64 + t.dim()) * 16 +
-                  layout_class(t));
+                  cls);
+    if (cls % 4 == 1 || cls % 4 == 3) sig.push_back(dim_order_code(t));  // which permutation
   };
-  for (const auto& a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& a = args[i];
     if (a.isTensor()) add(a.toTensor());
     else if (a.isTensorList()) for (const auto& t : a.toTensorList()) add(t);
     else if (a.isList()) {
       sig.push_back(-2 - static_cast<int64_t>(a.toListRef().size()));
-      for (const IValue& e : a.toListRef()) if (e.isTensor()) add(e.toTensor());
+      const bool dims = i < schema.arguments().size() && names_dims(schema.arguments()[i].name());
+      for (const IValue& e : a.toListRef()) {
+        if (e.isTensor()) add(e.toTensor());
+        else if (dims && e.isInt()) sig.push_back(e.toInt());
+      }
     }
     else if (a.isBool()) sig.push_back(a.toBool() ? -3 : -4);
     else if (a.isInt()) { sig.push_back(-5); sig.push_back(a.toInt()); }
@@ -705,7 +732,7 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   key.k.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   MetaQuery q;
   q.cacheable = key.ok;
-  q.signature = dtype_signature(args);
+  q.signature = dtype_signature(schema, args);
   int8_t state = 0;
   {
     std::lock_guard<std::mutex> g(info.meta_cache->mu);

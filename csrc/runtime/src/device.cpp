@@ -174,6 +174,7 @@ std::vector<Device*>* create_devices() {
                        std::to_string(index) + " (VNPU_MEMORY_PER_DEVICE); lower it or VNPU_DEVICE_COUNT";
       break;
     }
+    d->mem.base = static_cast<char*>(base);
     if (capacity > 0) d->mem.free_[0] = capacity;
     auto* s = new vnpuStream_st();
     s->device = d->index;

@@ -177,9 +177,70 @@ vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us);
 // ATen's kernels). nullptr disables it. Process-wide; applies to every stream.
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us);
 
-  vnpuErrorMapBufferObjectFailed = 9, // IPC: the exporter's memory could not be mapped
-  vnpuErrorNotSupported = 10,         // VMM or IPC without shareable memory (no memfd; IPC: VNPU_IPC=0)
-  vnpuErrorInterrupted = 11,          // a host wait was cut short by the wait-interrupt hook
+// Virtual memory management (the CUDA driver's cuMemAddressReserve,
+// cuMemCreate, cuMemMap, ...). Physical memory comes in handles that take whole
+// pages of a device's capacity from anywhere, contiguous or not, and are mapped
+// into address ranges reserved beforehand: a large range can be built from
+// scattered free memory (the caching allocator's expandable segments). Sizes,
+// offsets and addresses are multiples of the granularity (2 MiB). Mapped
+// memory is device memory for every other call (copies, vnpuPointerGetAttributes).
+// Example:
+//   vnpuMemAllocationProp prop{/*device=*/0};
+//   size_t g;  vnpuMemGetAllocationGranularity(&g, &prop, vnpuMemAllocationGranularityMinimum);
+//   void* va;  vnpuMemAddressReserve(&va, 64 * g, 0, nullptr, 0);
+//   vnpuMemGenericAllocationHandle_t h;  vnpuMemCreate(&h, 4 * g, &prop, 0);
+//   vnpuMemMap(va, 4 * g, 0, h, 0);  vnpuMemRelease(h);  // pages live while mapped
+//   ... use [va, va + 4g) ...
+//   vnpuMemUnmap(va, 4 * g);  vnpuMemAddressFree(va, 64 * g);
+using vnpuMemGenericAllocationHandle_t = struct vnpuMemHandle_st*;
+struct vnpuMemAllocationProp {
+  int device;  // where the physical memory lives
+};
+enum vnpuMemAllocationGranularityFlags : int {
+  vnpuMemAllocationGranularityMinimum = 0,
+  vnpuMemAllocationGranularityRecommended = 1,
+};
+vnpuError_t vnpuMemGetAllocationGranularity(size_t* granularity, const vnpuMemAllocationProp* prop,
+                                            vnpuMemAllocationGranularityFlags option);
+// Reserves address space only (no memory). `addr` (a hint) is ignored; flags must be 0.
+vnpuError_t vnpuMemAddressReserve(void** ptr, size_t size, size_t alignment, void* addr,
+                                  unsigned long long flags);
+// Frees a whole reservation; it must not be mapped any more.
+vnpuError_t vnpuMemAddressFree(void* ptr, size_t size);
+// Takes `size` bytes of the device's free memory (vnpuErrorMemoryAllocation if
+// less is free in total; vnpuErrorNotSupported if the device's memory is not a
+// shareable memfd). Counts in vnpuMemGetInfo like vnpuMalloc.
+vnpuError_t vnpuMemCreate(vnpuMemGenericAllocationHandle_t* handle, size_t size,
+                          const vnpuMemAllocationProp* prop, unsigned long long flags);
+// Drops the handle; its memory returns to the device once it is not mapped anywhere.
+vnpuError_t vnpuMemRelease(vnpuMemGenericAllocationHandle_t handle);
+// Maps bytes [offset, offset + size) of `handle` at `ptr`, inside a reservation
+// and over no other mapping.
+vnpuError_t vnpuMemMap(void* ptr, size_t size, size_t offset, vnpuMemGenericAllocationHandle_t handle,
+                       unsigned long long flags);
+// Unmaps [ptr, ptr + size), which must be exactly one or more whole mappings;
+// first waits for the work queued on their devices (no error is consumed).
+vnpuError_t vnpuMemUnmap(void* ptr, size_t size);
+
+// Inter-process memory (CUDA IPC). Device memory is a shared mapping (a memfd)
+// that other processes of this host and user can map:
+// vnpuIpcGetMemHandle exports the device range holding devPtr (any address in
+// a device's linear memory; an address in a vnpuMemMap mapping gives
+// vnpuErrorInvalidValue); vnpuIpcOpenMemHandle, in another process, maps that
+// whole range (once per exporter device; later opens share the mapping) and
+// returns the local address of devPtr. Unlike CUDA (one allocation), every
+// address A of the exporter's device memory, including allocations made after
+// the open, is then at *devPtr + (A - exported devPtr). Opening a handle of the
+// calling process returns devPtr itself. vnpuIpcCloseMemHandle drops one open;
+// the last one unmaps. Errors: vnpuErrorMapBufferObjectFailed (exporter gone,
+// or no permission to open /proc/<pid>/fd), vnpuErrorNotSupported (VNPU_IPC=0).
+struct vnpuIpcMemHandle_t {
+  char reserved[64];
+};
+constexpr unsigned vnpuIpcMemLazyEnablePeerAccess = 0x1;  // CUDA's flag; accepted, no effect
+vnpuError_t vnpuIpcGetMemHandle(vnpuIpcMemHandle_t* handle, void* devPtr);
+vnpuError_t vnpuIpcOpenMemHandle(void** devPtr, vnpuIpcMemHandle_t handle, unsigned flags);
+vnpuError_t vnpuIpcCloseMemHandle(void* devPtr);
 
 // Events (CUDA semantics: a never-recorded event is complete; a wait or
 // synchronize refers to the record current at its call, even if the event is
