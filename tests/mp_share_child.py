@@ -37,3 +37,23 @@ def send_back(outbox, release):
         import traceback
 
         outbox.put(("error", traceback.format_exc()))
+
+
+def receive_hold_release(inbox, outbox):
+    """Gets a tensor, reports its values, reports them again when asked, then releases it when told."""
+    try:
+        t = inbox.get(timeout=60)
+        outbox.put(("ok", t.cpu()))
+        assert inbox.get(timeout=60) == "check"
+        outbox.put(("ok", t.cpu()))  # after the sender dropped its tensor and allocated more
+        assert inbox.get(timeout=60) == "release"
+        del t
+        import gc
+
+        gc.collect()
+        outbox.put(("ok", "released"))
+        inbox.get(timeout=60)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        outbox.put(("error", traceback.format_exc()))

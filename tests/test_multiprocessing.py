@@ -88,6 +88,37 @@ def test_vnpu_tensor_sent_by_a_child_arrives_on_vnpu():
             proc.kill()
 
 
+def test_sent_memory_is_kept_until_the_receiver_releases_it():
+    """The sender drops its tensor at once: its memory is not reused while the receiver holds the tensor, and is
+    freed by the sender's ipc_collect() after the receiver released it (CUDA's reference counting)."""
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=mp_share_child.receive_hold_release, args=(inbox, outbox), daemon=True)
+    proc.start()
+    try:
+        torch.vnpu.ipc_collect()
+        x = torch.full((4096,), 3.0, device="vnpu")  # 16 KiB
+        ptr = x.data_ptr()
+        inbox.put(x)
+        del x  # the queue holds it until pickled; afterwards only the sent-slot reference does
+        torch.testing.assert_close(_answer(outbox), torch.full((4096,), 3.0), rtol=0, atol=0)
+        assert torch.vnpu.ipc_collect() == 0  # the receiver still holds it
+        ys = [torch.full((4096,), 9.0, device="vnpu") for _ in range(4)]  # same size: a free block would be reused
+        assert ptr not in {y.data_ptr() for y in ys}
+        inbox.put("check")
+        torch.testing.assert_close(_answer(outbox), torch.full((4096,), 3.0), rtol=0, atol=0)
+        allocated = torch.vnpu.memory_allocated()
+        inbox.put("release")
+        assert _answer(outbox) == "released"
+        assert torch.vnpu.ipc_collect() == 1
+        assert torch.vnpu.memory_allocated() == allocated - 4096 * 4  # the sent block went back to the allocator
+        inbox.put("exit")
+        _stop(proc)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+
+
 def test_same_process_round_trip_shares_the_storage():
     x = torch.randn(5, 3, device="vnpu")
     y = ForkingPickler.loads(ForkingPickler.dumps(x[1:]))

@@ -7,7 +7,7 @@
 namespace torch_vnpu {
 
 // Adds _ipc_mem_handle(ptr) -> bytes and _ipc_open_storage(handle, nbytes,
-// device) -> UntypedStorage to the module.
+// device, slots_path, slot) -> UntypedStorage to the module.
 void bind_ipc(pybind11::module& m);
 
 }  // namespace torch_vnpu
