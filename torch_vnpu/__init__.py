@@ -49,6 +49,9 @@ def _register() -> None:
     from . import distributed
 
     distributed._register()
+    from . import multiprocessing
+
+    multiprocessing._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
 
 
 _register()

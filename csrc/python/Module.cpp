@@ -16,6 +16,7 @@
 #include "../ops/OpStats.h"
 #include "../ops/WorkerWarnings.h"
 #include "Interrupts.h"
+#include "Ipc.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -232,6 +233,9 @@ PYBIND11_MODULE(_C, m) {
   // (Note [Compiled kernels on the stream]), as a capsule for PyCapsule_Import.
   m.attr("_inductor_launch_api") = py::capsule(static_cast<const void*>(at::vnpu::inductor_launch_api()),
                                                "torch_vnpu._C._inductor_launch_api");
+
+  // torch.multiprocessing with vnpu tensors (torch_vnpu/multiprocessing.py).
+  torch_vnpu::bind_ipc(m);
 
   // Distributed (vccl), defined lazily by torch_vnpu.distributed.
   torch_vnpu::distributed::init_module(m);

@@ -415,10 +415,20 @@ VNPU_CHILD_SCENARIO(IpcOpenInChild) {
   CHILD_CHECK_EQ(vnpuIpcOpenMemHandle(&q, h, 0), vnpuSuccess);
   CHILD_CHECK(q == p);
   CHILD_CHECK_EQ(bytes[second], 0x5a);  // an allocation the handle did not name
+  // Opened memory is device memory of the device current at the open (as CUDA's): copies accept it.
+  vnpuPointerAttributes attr{};
+  CHILD_CHECK_EQ(vnpuPointerGetAttributes(&attr, bytes + 16), vnpuSuccess);
+  CHILD_CHECK_EQ(attr.type, vnpuMemoryTypeDevice);
+  CHILD_CHECK_EQ(attr.device, 0);
+  unsigned char host[8] = {0};
+  CHILD_CHECK_EQ(vnpuMemcpy(host, bytes + 8, sizeof(host), vnpuMemcpyDeviceToHost), vnpuSuccess);
+  for (int i = 0; i < 8; ++i) CHILD_CHECK_EQ(host[i], static_cast<unsigned char>((8 + i) * 7));
   for (int i = 0; i < 4096; ++i) bytes[i] = static_cast<unsigned char>(255 - i % 256);
   CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(q), vnpuSuccess);
   CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(p), vnpuSuccess);
   CHILD_CHECK_EQ(vnpuIpcCloseMemHandle(p), vnpuErrorInvalidValue);  // closed already
+  CHILD_CHECK_EQ(vnpuPointerGetAttributes(&attr, p), vnpuSuccess);
+  CHILD_CHECK_EQ(attr.type, vnpuMemoryTypeUnregistered);  // unmapped: no longer device memory
   return 0;
 }
 

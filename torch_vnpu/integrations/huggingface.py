@@ -8,7 +8,12 @@ accelerate 1.15 (``PartialState.default_device``), transformers 5.17 (``Training
 direction upstream is taking: where a library's own detection ends in ``cpu``, ask ``torch.accelerator``.
 It changes nothing when the libraries already found a device (CUDA, XPU, ...), when the user asked for the
 CPU (``Accelerator(cpu=True)``, ``TrainingArguments(use_cpu=True)``) or set ``ACCELERATE_TORCH_DEVICE``
-(accelerate's own override, honoured as before), and it does not touch multi-process launches.
+(accelerate's own override, honoured as before).
+
+Under ``torchrun`` or ``accelerate launch`` (``LOCAL_RANK`` set) accelerate knows the collectives backend of
+listed devices only and otherwise trains every rank alone; with the adapter it initializes
+``cpu:gloo,vnpu:vccl``, puts rank ``i`` on ``vnpu:<LOCAL_RANK mod device count>`` and wraps models with DDP,
+or FSDP2 with its FSDP plugin, as for CUDA (``DistributedType.MULTI_GPU``); the ``Trainer`` follows.
 
 Usage::
 
@@ -18,7 +23,8 @@ Usage::
     Accelerator().device                  # device(type='vnpu')
 
 or run an unchanged program with ``python -m torch_vnpu.integrations.huggingface script.py [args]`` (or
-``... -m module [args]``).
+``... -m module [args]``; multi-process: ``torchrun --nproc-per-node 2 -m torch_vnpu.integrations.huggingface
+script.py``, ``accelerate launch --multi_gpu --num_processes 2 -m torch_vnpu.integrations.huggingface script.py``).
 What each patch does and the upstream change that would make it unnecessary: ``docs/huggingface.md``.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import runpy
 import sys
 from typing import Iterator
@@ -84,7 +91,8 @@ def _patch_accelerate(device_type: str) -> None:
         consts = tuple(c + (device_type,) if c is allow_lists[0] else c for c in code.co_consts)
         _set(init, "__code__", code.replace(co_consts=consts))
 
-    # 3. fp16 GradScaler: get_grad_scaler() returns a CUDA GradScaler for any device it does not list.
+    # 3. fp16 GradScaler: get_grad_scaler() returns a CUDA GradScaler for any device it does not list (FSDP2 does
+    #    not use it: accelerate makes GradScaler(device.type) itself).
     orig_scaler = accelerate.utils.modeling.get_grad_scaler
 
     @functools.wraps(orig_scaler)
@@ -96,6 +104,58 @@ def _patch_accelerate(device_type: str) -> None:
 
     for module in (accelerate.utils.modeling, accelerate.utils, accelerate.accelerator):
         _set(module, "get_grad_scaler", get_grad_scaler)
+
+    _patch_accelerate_multiprocess(device_type)
+
+
+def _patch_accelerate_multiprocess(device_type: str) -> None:
+    import accelerate.state
+    from accelerate.utils import DistributedType
+
+    state_cls = accelerate.state.PartialState
+
+    # 8. Backend selection: under torchrun (LOCAL_RANK set) _prepare_backend knows a fixed list of devices and
+    #    their backends (cuda -> nccl, xpu -> xccl, npu -> hccl, ...); for any other device it returns
+    #    DistributedType.NO, so every rank trains alone on the whole data set. For the accelerator it returns
+    #    MULTI_GPU, accelerate's generic "one process per device, device-side collectives" type (DDP with
+    #    device_ids=[local rank], upgraded to FSDP by the FSDP plugin as for cuda), and the backend torch picks
+    #    for the accelerator: "cpu:gloo,vnpu:vccl" (a backend the user named is kept).
+    orig_prepare = state_cls.__dict__["_prepare_backend"]
+
+    @functools.wraps(orig_prepare)
+    def _prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
+        backend_out, distributed_type = orig_prepare(self, cpu, sagemaker_dp, backend)
+        if (
+            distributed_type == DistributedType.NO
+            and not cpu
+            and not sagemaker_dp
+            and int(os.environ.get("LOCAL_RANK", -1)) != -1
+            and _accelerator() is not None
+        ):
+            return backend or f"cpu:gloo,{device_type}:vccl", DistributedType.MULTI_GPU
+        return backend_out, distributed_type
+
+    _set(state_cls, "_prepare_backend", _prepare_backend)
+
+    # 9. Device placement: set_device() maps MULTI_GPU to torch.cuda. For the MULTI_GPU state of patch 8
+    #    (no CUDA), use the accelerator's device <local rank mod device count>, as accelerate does for cuda.
+    orig_set_device = state_cls.__dict__["set_device"]
+
+    @functools.wraps(orig_set_device)
+    def set_device(self) -> None:
+        if (
+            self.device is None
+            and self.distributed_type == DistributedType.MULTI_GPU
+            and not torch.cuda.is_available()
+            and _accelerator() is not None
+        ):
+            module = torch.get_device_module(device_type)
+            self.device = torch.device(device_type, self.local_process_index % module.device_count())
+            module.set_device(self.device)
+            return
+        orig_set_device(self)
+
+    _set(state_cls, "set_device", set_device)
 
 
 def _patch_transformers(device_type: str) -> None:
@@ -197,8 +257,8 @@ def _installed(name: str) -> bool:
 
 
 def enable() -> torch.device:
-    """Make accelerate, transformers and peft (those installed) fall back to the current accelerator, and
-    safetensors accept ``device="vnpu[:i]"``.
+    """Make accelerate, transformers and peft (those installed) fall back to the current accelerator (under
+    torchrun: one process per device, collectives over vccl), and safetensors accept ``device="vnpu[:i]"``.
 
     Idempotent. Returns the accelerator device (e.g. ``device(type='vnpu')``). Patches only
     process-global Python attributes of the installed libraries (listed by :func:`patched_names`) and

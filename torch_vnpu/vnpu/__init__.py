@@ -68,7 +68,7 @@ __all__ = [
     "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_executed_ops", "get_extra_copy_ops", "get_fallback_ops",
-    "get_rng_state", "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "get_rng_state", "get_rng_state_all", "init", "initial_seed", "ipc_collect", "is_available", "is_bf16_supported",
     "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
@@ -241,6 +241,15 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def get_amp_supported_dtype() -> list:
     """Dtypes accepted by ``torch.autocast("vnpu", dtype=...)``."""
     return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def ipc_collect() -> int:
+    """Frees the vnpu memory this process sent through torch.multiprocessing once every receiver has released
+    it (done at each send too), as ``torch.cuda.ipc_collect``; returns how many sent storages were released.
+    See torch_vnpu/multiprocessing.py."""
+    from .. import multiprocessing
+
+    return multiprocessing.ipc_collect()
 
 
 def _is_in_bad_fork() -> bool:

@@ -112,10 +112,14 @@ vnpuError_t peek_device_error(int device);
 bool valid_device(int device);
 vnpuStream_st* resolve(vnpuStream_t s);  // null -> default stream of current device
 bool is_pinned(const void* p);
-// Device whose memory holds `p` (its linear range or a vnpuMemMap mapping), or -1.
+// Device whose memory holds `p` (its linear range, a vnpuMemMap mapping, or
+// another process's memory opened by vnpuIpcOpenMemHandle), or -1.
 int device_of(const void* p);
 // Device of a vnpuMemMap-ped address, or -1 (vmm.cpp).
 int mapped_device_of(const void* p, void** base = nullptr, size_t* size = nullptr);
+// Device of an address in another process's device memory mapped by
+// vnpuIpcOpenMemHandle (the device current when it was first opened), or -1.
+int ipc_device_of(const void* p, void** base = nullptr, size_t* size = nullptr);
 // Gives the RAM of physical pages [off, off+len) back (they read as zeros afterwards).
 void release_pages(MemoryRegion& m, size_t off, size_t len);
 // Takes `n` bytes (a multiple of 4096) of free physical pages, as one extent or

@@ -48,11 +48,25 @@ struct Mapping {
   char* base = nullptr;
   size_t size = 0;
   int refs = 0;
+  int device = 0;  // the opener's current device when first opened: the device its addresses belong to
 };
 std::mutex g_ipc_mu;                                     // guards g_maps
 std::map<std::pair<int64_t, uint64_t>, Mapping> g_maps;  // (pid, nonce) -> mapping
 
 }  // namespace
+
+int ipc_device_of(const void* p, void** base, size_t* size) {
+  auto* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> g(g_ipc_mu);
+  for (auto& [key, m] : g_maps) {
+    if (c >= m.base && c < m.base + m.size) {
+      if (base != nullptr) *base = m.base;
+      if (size != nullptr) *size = m.size;
+      return m.device;
+    }
+  }
+  return -1;
+}
 
 std::string memfd_name(int physical, uint64_t nonce) {
   return "vnpu-device" + std::to_string(physical) + "-" + std::to_string(nonce);
@@ -71,9 +85,11 @@ vnpuError_t vnpuIpcGetMemHandle(vnpuIpcMemHandle_t* handle, void* devPtr) {
   if (!ipc_enabled() || m.fd < 0) return vnpuErrorNotSupported;
   char* p = static_cast<char*>(devPtr);
   if (p < m.base || p >= m.base + (m.capacity == 0 ? 4096 : m.capacity)) {
-    // A vnpuMemMap-ped address (expandable segments): its pages are not at one offset of the memfd.
-    set_last_error_message("vnpuIpcGetMemHandle: the address is in a vnpuMemMap mapping, not in the device's "
-                           "linear memory; only vnpuMalloc memory can be exported");
+    // A vnpuMemMap-ped address (expandable segments): its pages are not at one offset of the memfd; or
+    // another process's memory opened here (not ours to export, as with CUDA).
+    set_last_error_message("vnpuIpcGetMemHandle: the address is in a vnpuMemMap mapping or in another "
+                           "process's memory opened with vnpuIpcOpenMemHandle, not in this process's linear "
+                           "device memory; only vnpuMalloc memory can be exported");
     return vnpuErrorInvalidValue;
   }
   HandleData h{};
@@ -126,7 +142,7 @@ vnpuError_t vnpuIpcOpenMemHandle(void** devPtr, vnpuIpcMemHandle_t handle, unsig
       set_last_error_message(std::string("vnpuIpcOpenMemHandle: mmap failed: ") + std::strerror(errno));
       return vnpuErrorMapBufferObjectFailed;
     }
-    it = g_maps.emplace(key, Mapping{static_cast<char*>(base), h.capacity, 0}).first;
+    it = g_maps.emplace(key, Mapping{static_cast<char*>(base), h.capacity, 0, current_device()}).first;
   }
   ++it->second.refs;
   *devPtr = it->second.base + h.offset;

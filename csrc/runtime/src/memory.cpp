@@ -35,7 +35,8 @@ int device_of(const void* p) {
   for (Device* d : devices()) {
     if (d->mem.base != nullptr && c >= d->mem.base && c < d->mem.base + d->mem.capacity) return d->index;
   }
-  return mapped_device_of(p);
+  int mdev = mapped_device_of(p);
+  return mdev >= 0 ? mdev : ipc_device_of(p);
 }
 
 bool take_physical_locked(MemoryRegion& m, size_t n, bool contiguous,
@@ -192,6 +193,10 @@ vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* pt
   size_t map_size = 0;
   if (int mdev = mapped_device_of(ptr, &map_base, &map_size); mdev >= 0) {
     *attr = {vnpuMemoryTypeDevice, mdev, map_base, map_size};
+    return vnpuSuccess;
+  }
+  if (int idev = ipc_device_of(ptr, &map_base, &map_size); idev >= 0) {
+    *attr = {vnpuMemoryTypeDevice, idev, map_base, map_size};
     return vnpuSuccess;
   }
   int dev = device_of(ptr);
