@@ -70,6 +70,10 @@ def test_compiled_inference_matches_compiled_cpu_bitwise_and_the_dense_reference
     code = "\n".join(codes)
     assert "cpp_fused_flex_attention_0 = vnpu_cpp_pybinding(" in code
     assert "cpp_fused_flex_attention_0('cpp_fused_flex_attention_0 (compiled graph" in code
+    # Grad enabled but no input requires grad: nothing uses the log-sum-exp, so the template serves it too.
+    out_g, codes = run_and_get_code(f, *(t.to("vnpu") for t in (q, k, v)), score_mod=score_mod, block_mask=bm)
+    assert torch.equal(out_g.cpu(), out_c)
+    assert "cpp_fused_flex_attention_0 = vnpu_cpp_pybinding(" in "\n".join(codes)
 
 
 def test_eager_flex_attention_on_vnpu_matches_cpu():

@@ -6,8 +6,9 @@ torch 2.13 knows flex_attention on cuda, cpu, xpu, hpu and mps only:
   accepted, with backward (CPU rejects inputs that require grad).
 * Inductor lowers the ``flex_attention`` higher-order op of a cpu graph to its
   C++ flash-attention template, and of every other non-mps graph to Triton.
-  A vnpu graph that needs no log-sum-exp (inference) gets CPU's C++ template,
-  whose kernel is enqueued on the stream like any vnpu kernel.
+  A vnpu graph that needs no log-sum-exp (inference, also with grad enabled
+  when nothing uses it) gets CPU's C++ template, whose kernel is enqueued on
+  the stream like any vnpu kernel.
 * CPU's template has no log-sum-exp output and CPU has no backward lowering.
   When a vnpu graph needs them (training: ``flex_attention`` with grad enabled,
   and its ``flex_attention_backward``), vnpu's post-grad pass replaces the
@@ -77,17 +78,32 @@ def _needs_dense(node) -> bool:
     return node.target is torch.ops.higher_order.flex_attention and bool(node.args[6].get("OUTPUT_LOGSUMEXP"))
 
 
+def _drop_unused_logsumexp(node) -> bool:
+    """A forward whose log-sum-exp and max are not used (a graph with grad enabled but no backward) does not
+    need them: CPU's template can lower it. Returns whether ``node`` changed."""
+    if node.target is not torch.ops.higher_order.flex_attention or not _needs_dense(node):
+        return False
+    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users):
+        return False
+    for user in list(node.users):
+        if user.args[1] != 0:
+            node.graph.erase_node(user)
+    node.args = (*node.args[:6], {**node.args[6], "OUTPUT_LOGSUMEXP": False}, *node.args[7:])
+    return True
+
+
 def decompose_for_training(gm: torch.fx.GraphModule) -> bool:
     """Replaces the vnpu flex_attention ops that need a log-sum-exp or a backward by their dense
     implementation, traced into ``gm``. Returns whether ``gm`` changed."""
+    changed = [n for n in gm.graph.nodes if _drop_unused_logsumexp(n)]
     nodes = [n for n in gm.graph.nodes if _needs_dense(n)]
     for node in nodes:
         _inline_dense(gm, node)
-    if nodes:
+    if nodes or changed:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
-    return bool(nodes)
+    return bool(nodes or changed)
 
 
 def _materialize(gm, value):
