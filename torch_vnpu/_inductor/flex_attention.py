@@ -185,11 +185,17 @@ def _replace_getitems(node: torch.fx.Node, outputs: list, backward: bool) -> Non
     for user in list(node.users):
         if user.target is not operator.getitem:
             raise NotImplementedError(f"vnpu flex_attention: unexpected use of the op's result: {user.format_node()}")
-        i = user.args[1]
-        if backward and i == 3:
+        if backward and user.args[1] == 3:
             for inner in list(user.users):
-                inner.replace_all_uses_with(outputs[3 + inner.args[1]])
-                user.graph.erase_node(inner)
+                _replace(inner, outputs[3 + inner.args[1]])
+            user.graph.erase_node(user)
         else:
-            user.replace_all_uses_with(outputs[i])
-        user.graph.erase_node(user)
+            _replace(user, outputs[user.args[1]])
+
+
+def _replace(getitem: torch.fx.Node, value) -> None:
+    if value is None and getitem.users:  # a gradient the dense implementation did not compute
+        raise AssertionError(f"vnpu flex_attention: no value for {getitem.format_node()}")
+    if value is not None:
+        getitem.replace_all_uses_with(value)
+    getitem.graph.erase_node(getitem)
