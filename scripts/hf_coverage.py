@@ -5,6 +5,7 @@ random-weight model on vnpu vs CPU (forward logits, every parameter's gradient, 
 Examples (run from outside the repository root, e.g. `cd tests`, with the package installed):
   python ../scripts/hf_coverage.py --archs "llama,gpt2,qwen2*" --jobs 1 --json /tmp/hf.json
   python ../scripts/hf_coverage.py --jobs 2 --json ../out/hf_coverage.json --markdown ../docs/hf_coverage.md
+  python ../scripts/hf_coverage.py --compile --archs "gpt2,llama" --json /tmp/hf_compile.json --markdown ../docs/hf_coverage.md
   python ../scripts/hf_coverage.py --from-json ../out/hf_coverage.json --markdown ../docs/hf_coverage.md
 
 The implementation is torch_vnpu/testing/hf_coverage.py: this checkout's copy when there is one, else the

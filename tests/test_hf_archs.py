@@ -76,3 +76,25 @@ def test_histc_of_integer_tensors_as_on_cuda():
     assert torch.equal(out.cpu(), torch.histc(ids.double(), bins=8).int())
     f = torch.randn(100)
     assert torch.equal(torch.histc(f.to("vnpu"), bins=5).cpu(), torch.histc(f, bins=5))
+
+
+def test_compile_report_is_a_section_of_its_own(tmp_path):
+    """`--compile` writes its section into the eager report and replaces only that; an eager run keeps it."""
+    def result(compile, status):
+        meta = {"torch": "t", "transformers": "x", "started": "now", "duration_s": 60, "jobs": 1, "timeout": 1,
+                "command": "cmd", "compile": compile}
+        return {"meta": meta, "archs": {"gpt2": {"arch": "gpt2", "status": status, "error": "", "notes": [],
+                                                 "seconds": 1, "compiled_graphs": 3}}}
+
+    path = str(tmp_path / "report.md")
+    hf_coverage.write_markdown(result(False, "pass"), path)
+    eager = open(path).read()
+    hf_coverage.write_markdown(result(True, "mismatch"), path)
+    text = open(path).read()
+    assert text.startswith(eager.rstrip("\n")) and "**0 / 1** of the architectures run pass compiled" in text
+    hf_coverage.write_markdown(result(True, "pass"), path)
+    text = open(path).read()
+    assert text.count("## torch.compile (`--compile`)") == 1 and "**1 / 1**" in text and "| `gpt2` | pass | 3 |" in text
+    hf_coverage.write_markdown(result(False, "vnpu_error"), path)
+    text = open(path).read()
+    assert "**0 / 1** architectures that run on CPU pass on vnpu" in text and "**1 / 1** of the architectures" in text

@@ -40,7 +40,7 @@ def register_inductor() -> None:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
 
-    from . import cpu_assumptions
+    from . import cpu_assumptions, flex_attention
     from .cache_key import VnpuCodegenVersion
     from .codegen import CODEGEN_CLASSES
     from .device_op_overrides import VnpuDeviceOpOverrides
@@ -48,6 +48,7 @@ def register_inductor() -> None:
     register_dynamo()
     cpu_assumptions.apply()
     register_device_op_overrides(_DEVICE, VnpuDeviceOpOverrides())
+    flex_attention.register_lowering()
     register_backend_for_device(
         _DEVICE,
         CODEGEN_CLASSES["Scheduling"],

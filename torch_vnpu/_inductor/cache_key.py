@@ -1,9 +1,12 @@
-"""vnpu's part of the keys of Inductor's FX graph cache.
+"""vnpu's post-grad pass, and vnpu's part of the keys of Inductor's FX graph cache.
+
+The pass (Inductor runs it on every graph with vnpu tensors) replaces the
+flex_attention ops that CPU's C++ template cannot lower (:mod:`.flex_attention`).
 
 A cached compiled graph is the generated Python wrapper, which calls vnpu's
 kernel bindings with vnpu's calling convention (:mod:`.kernel_launch`). Inductor
-puts the ``uuid()`` of every registered device pass into its cache keys, so a
-no-op pass whose uuid is the hash of this package's sources makes graphs
+puts the ``uuid()`` of every registered device pass into its cache keys, so
+the pass's uuid, the hash of this package's sources, makes graphs
 cached by another torch_vnpu version miss instead of being reused.
 """
 
@@ -22,10 +25,12 @@ def _sources_hash() -> bytes:
 
 
 class VnpuCodegenVersion(CustomGraphModulePass):
-    """Post-grad pass for vnpu graphs that changes nothing; see the module docstring."""
+    """Post-grad pass for vnpu graphs; see the module docstring."""
 
     def __call__(self, gm) -> None:
-        return None
+        from .flex_attention import decompose_for_training
+
+        decompose_for_training(gm)
 
     def uuid(self) -> bytes:
         return _sources_hash()

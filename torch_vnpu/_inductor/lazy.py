@@ -10,6 +10,8 @@
   Inductor's PrivateUse1 discovery of ``torch.vnpu.Scheduling`` & co. (which
   ``torch.vnpu`` also answers, for a ``torch_vnpu`` imported after Inductor),
   keeps vnpu's cache-key pass: the discovery re-registers without one.
+* flex_attention: right after ``torch.nn.attention.flex_attention`` has been
+  executed, it accepts vnpu tensors (:mod:`.flex_attention`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Callable
 
 _DYNAMO_MODULE = "torch._dynamo.device_interface"
 _INDUCTOR_MODULE = "torch._inductor.codegen.common"
+_FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -97,6 +100,12 @@ def _register_dynamo(_module: ModuleType) -> None:
     register_dynamo()
 
 
+def _patch_flex_attention(module: ModuleType) -> None:
+    from .flex_attention import patch_validate_device
+
+    patch_validate_device(module)
+
+
 def _hook_inductor(common: ModuleType) -> None:
     original = common.init_backend_registration
     if getattr(original, "_vnpu_original", None) is not None:
@@ -117,6 +126,7 @@ def _hook_inductor(common: ModuleType) -> None:
 def install() -> None:
     """Installs the lazy registration (idempotent)."""
     when_imported(_DYNAMO_MODULE, _register_dynamo)
+    when_imported(_FLEX_ATTENTION_MODULE, _patch_flex_attention)
     if _INDUCTOR_MODULE in sys.modules:
         # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
         # registered its backends, so register now; Inductor's modules are all importable at this point.

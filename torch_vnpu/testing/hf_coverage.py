@@ -31,6 +31,11 @@ architecture (:data:`STATUSES`):
 
 ``torch.vnpu.get_fallback_ops()`` and ``get_extra_copy_ops()`` are recorded per architecture.
 
+With ``compile=True`` (``--compile``) the vnpu model is compiled (``model.compile()``: Inductor, default mode,
+automatic dynamic shapes) before stages 3-5, so the forward, the backward (AOTAutograd) and every forward
+that ``generate()`` makes run as compiled vnpu graphs; the CPU reference stays eager, the tolerances are the
+same. Its report is a section of its own in the markdown file (see :func:`write_markdown`).
+
 Entry points: :func:`main` (command line, see ``scripts/hf_coverage.py``), :func:`run_arch` (one
 architecture in this process, used by ``tests/test_hf_archs.py``), :func:`run_sweep`, :func:`write_markdown`.
 """
@@ -453,10 +458,11 @@ def compare_generate(tc, lc, tv):
     return False, f"tokens differ from step {s} (batch {b}): cpu {tc[b].tolist()} vnpu {tv[b].tolist()}"
 
 
-def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None):
+def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None, compile=False):
     """Run one architecture on CPU and on ``device``; returns the result dict (``status``, ``stage``,
     ``error``, ``details``, ``params``, ``fallback_ops``, ...). ``progress(result)`` is called after every
-    stage (the worker process writes its result file there)."""
+    stage (the worker process writes its result file there). ``compile``: the ``device`` model runs
+    compiled (``torch.compile``, see the module docstring)."""
     import torch
 
     res = {"arch": model_type, "status": None, "stage": "import", "error": "", "details": [], "notes": [],
@@ -532,6 +538,11 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None)
     try:
         step("vnpu_to_device")
         model_v = model_v.to(dev)
+        if compile:
+            from torch._dynamo.utils import counters
+
+            graphs_before = counters["stats"]["unique_graphs"]
+            model_v.compile()
         ids_v, w_v = ids.to(dev), w.to(dev)
         step("vnpu_forward")
         logits_v, grads_v = _forward_backward(model_v, ids_v, w_v)
@@ -558,6 +569,8 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None)
         return done("vnpu_error", _exc(e), failing_op=_failing_op(e))
     res["fallback_ops"] = torch.vnpu.get_fallback_ops()
     res["extra_copy_ops"] = torch.vnpu.get_extra_copy_ops()
+    if compile:
+        res["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
     res["stage"] = "done"
     if bad:
         return done("mismatch", bad[0], details=bad[:20])
@@ -582,7 +595,7 @@ def all_archs():
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def _worker_main(arch, result_path, attn_implementation=None):
+def _worker_main(arch, result_path, attn_implementation=None, compile=False):
     import torch  # noqa: F401  (loads torch_vnpu)
 
     def progress(r):
@@ -591,17 +604,19 @@ def _worker_main(arch, result_path, attn_implementation=None):
             json.dump(r, f, default=str)
         os.replace(tmp, result_path)
 
-    run_arch(arch, progress=progress, attn_implementation=attn_implementation)
+    run_arch(arch, progress=progress, attn_implementation=attn_implementation, compile=compile)
     return 0
 
 
-def _run_in_subprocess(arch, timeout, attn_implementation=None):
+def _run_in_subprocess(arch, timeout, attn_implementation=None, compile=False):
     """Run one architecture in a fresh interpreter; crash/hang are attributed to the stage that ran."""
     with tempfile.TemporaryDirectory(prefix="hfcov_") as tmp:
         path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", arch, "--result", path]
         if attn_implementation:
             cmd += ["--attn-implementation", attn_implementation]
+        if compile:
+            cmd += ["--compile"]
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
         t0 = time.time()
         try:
@@ -627,7 +642,7 @@ def _run_in_subprocess(arch, timeout, attn_implementation=None):
         return res
 
 
-def run_sweep(archs, jobs=1, timeout=DEFAULT_TIMEOUT, log=print, attn_implementation=None):
+def run_sweep(archs, jobs=1, timeout=DEFAULT_TIMEOUT, log=print, attn_implementation=None, compile=False):
     import torch
     import transformers
 
@@ -635,7 +650,7 @@ def run_sweep(archs, jobs=1, timeout=DEFAULT_TIMEOUT, log=print, attn_implementa
     results = {}
 
     def one(a):
-        r = _run_in_subprocess(a, timeout, attn_implementation)
+        r = _run_in_subprocess(a, timeout, attn_implementation, compile)
         results[a] = r
         log(f"[{len(results)}/{len(archs)}] {a}: {r['status']} ({r.get('seconds')}s) {_short(r.get('error', ''), 160)}")
         return r
@@ -647,7 +662,8 @@ def run_sweep(archs, jobs=1, timeout=DEFAULT_TIMEOUT, log=print, attn_implementa
                  "timeout": timeout, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
                  "duration_s": round(time.time() - t0, 1), "seed": SEED, "batch": BATCH, "seq": SEQ,
                  "new_tokens": NEW_TOKENS, "logits_tol": LOGITS_TOL, "grad_rtol": GRAD_RTOL,
-                 "grad_atol": GRAD_ATOL, "tie_tol": TIE_TOL, "attn_implementation": attn_implementation},
+                 "grad_atol": GRAD_ATOL, "tie_tol": TIE_TOL, "attn_implementation": attn_implementation,
+                 "compile": compile},
         "archs": {a: results[a] for a in archs},
     }
 
@@ -680,7 +696,71 @@ def _md(s):
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+_COMPILE_BEGIN = "<!-- hf_coverage --compile: generated by scripts/hf_coverage.py --compile; do not edit by hand -->"
+_COMPILE_END = "<!-- /hf_coverage --compile -->"
+
+
+def _split_compile_section(text):
+    """(text without the --compile section, the section or "")."""
+    i, j = text.find(_COMPILE_BEGIN), text.find(_COMPILE_END)
+    if i < 0 or j < i:
+        return text, ""
+    j += len(_COMPILE_END)
+    return (text[:i].rstrip("\n") + "\n" + text[j:].lstrip("\n")).rstrip("\n") + "\n", text[i:j]
+
+
+def _compile_section(res, command=None):
+    archs = res["archs"]
+    m = res["meta"]
+    counts = {s: sum(1 for r in archs.values() if r["status"] == s) for s in STATUSES}
+    runnable = counts["pass"] + counts["mismatch"] + counts["vnpu_error"]
+    L = [_COMPILE_BEGIN, "",
+         f"## torch.compile (`--compile`): **{counts['pass']} / {runnable}** of the architectures run pass compiled "
+         f"({len(archs)} run, of {len(all_archs())} in the mapping)\n",
+         "The vnpu model is compiled (`model.compile()`: Inductor, default mode, automatic dynamic shapes), so "
+         "the forward, the backward and every forward of `generate()` run as compiled vnpu graphs; the CPU "
+         "reference is eager and the checks and tolerances are those above. The eager headline above is for "
+         "all architectures; this section only for the ones listed here.\n",
+         f"- torch {m['torch']}, transformers {m['transformers']}, run {m['started']}, "
+         f"{m['duration_s'] / 60:.1f} min with {m['jobs']} job(s), timeout {m['timeout']} s per architecture"]
+    command = m.get("command") or command
+    if command:
+        L.append(f"- command: `{command}`")
+    L.append("- " + ", ".join(f"{s}: {counts[s]}" for s in STATUSES))
+    L.append("")
+    L.append("| architecture | status (compiled) | Dynamo graphs | cause / notes | s |")
+    L.append("|---|---|---:|---|---:|")
+    for a, r in archs.items():
+        cause = r.get("error") or ""
+        if r.get("notes"):
+            cause = (cause + "; " if cause else "") + "; ".join(r["notes"])
+        L.append(f"| `{a}` | {r['status']} | {r.get('compiled_graphs', '')} | {_md(_short(cause, 220))} | "
+                 f"{r.get('seconds', '')} |")
+    L += ["", _COMPILE_END]
+    return "\n".join(L)
+
+
 def write_markdown(res, path, command=None):
+    """Writes the report to ``path``. A ``--compile`` run replaces only its own section of the file (the eager
+    report is kept); an eager run rewrites the file and keeps the ``--compile`` section."""
+    old = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+    eager_text, compile_text = _split_compile_section(old)
+    if res["meta"].get("compile"):
+        text = eager_text.rstrip("\n") + "\n\n" + _compile_section(res, command) + "\n"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    _write_eager_markdown(res, path, command)
+    if compile_text:
+        with open(path, "a") as f:
+            f.write("\n" + compile_text + "\n")
+
+
+def _write_eager_markdown(res, path, command=None):
     archs = res["archs"]
     counts = {s: sum(1 for r in archs.values() if r["status"] == s) for s in STATUSES}
     runnable = counts["pass"] + counts["mismatch"] + counts["vnpu_error"]
@@ -795,11 +875,13 @@ def main(argv=None):
     p.add_argument("--update", metavar="JSON", help="merge: rerun the selected architectures and replace their "
                    "entries in this previous --json result (the other entries are kept)")
     p.add_argument("--attn-implementation", default=None, help="e.g. eager or sdpa (default: the model's)")
+    p.add_argument("--compile", action="store_true", help="run the vnpu model compiled (torch.compile); the report "
+                   "goes to its own section of --markdown, the eager report there is kept")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        return _worker_main(a.worker, a.result, a.attn_implementation)
+        return _worker_main(a.worker, a.result, a.attn_implementation, a.compile)
     if a.from_json:
         with open(a.from_json) as f:
             res = json.load(f)
@@ -807,7 +889,7 @@ def main(argv=None):
         globs = [g.strip() for g in a.archs.split(",") if g.strip()]
         archs = [x for x in all_archs() if any(fnmatch.fnmatch(x, g) for g in globs)]
         res = run_sweep(archs, jobs=a.jobs, timeout=a.timeout, attn_implementation=a.attn_implementation,
-                        log=lambda s: print(s, flush=True))
+                        log=lambda s: print(s, flush=True), compile=a.compile)
         res["meta"]["command"] = "python scripts/hf_coverage.py " + " ".join(argv if argv is not None else sys.argv[1:])
         if a.update:
             with open(a.update) as f:
