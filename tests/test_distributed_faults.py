@@ -85,6 +85,30 @@ def test_a_peer_that_never_joins_times_out_and_other_groups_keep_working(subgrou
     assert res[0]["new_group"] == res[1]["new_group"] == [3.0, 3.0, 3.0]
 
 
+def _late_rank(rank, ws):
+    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
+    x = torch.full((4,), float(rank + 1), device="vnpu")
+    if rank == 1:
+        time.sleep(5.0)  # arrives after rank 0 gave up
+    try:
+        dist.all_reduce(x, group=g)
+        torch.vnpu.synchronize()
+        out = ("no error", x.cpu().tolist())
+    except RuntimeError as e:
+        out = ("error", str(e).splitlines()[0])
+    dist.barrier()  # the world group is unaffected
+    return out
+
+
+def test_a_rank_arriving_after_its_peer_timed_out_gets_an_error_not_a_partial_result(subgroup_world):
+    """Rank 0 times out waiting for rank 1 and leaves; rank 1 arrives later. On shared memory it used to see rank
+    0's inputs posted, do its own share, and return [2, 2, 2, 2] (its value only) with no error."""
+    res = subgroup_world.run(_late_rank)
+    assert res[0][0] == "error" and "timed out" in res[0][1].lower(), res
+    assert res[1][0] == "error", res
+    assert "vccl: all_reduce" in res[1][1], res
+
+
 def _monitored(rank, ws):
     res = {}
     for name, backend in (("cpu_gloo", None), ("vccl_only", "vccl")):

@@ -37,6 +37,7 @@ constexpr std::chrono::milliseconds kLivenessCheck{100};
 struct ShmTransport::Ctrl {
   alignas(64) std::atomic<uint32_t> posted;
   alignas(64) std::atomic<uint32_t> done;
+  alignas(64) std::atomic<uint32_t> aborted;  // seq of the last collective this rank gave up (timeout, error)
   alignas(64) uint64_t seq;
   int32_t device;
   int32_t nbuf;
@@ -388,21 +389,36 @@ void ShmTransport::runCollective(CollectiveOp& op) {
   futexWakeAll(&mine->posted);
 
   // Whatever happens next, peers must not wait for this rank's `done` forever.
+  // Leaving without doing this rank's share (a timeout, an error) marks the
+  // collective aborted first: a peer that arrives late must not take `done`
+  // for a finished collective and return a partial result.
   struct Done {
     Ctrl* c;
     uint32_t seq;
     bool set = false;
+    bool completed = false;
     void mark() {
       if (set) return;
       set = true;
+      if (!completed) c->aborted.store(seq, std::memory_order_release);
       c->done.store(seq, std::memory_order_release);
       futexWakeAll(&c->done);
     }
     ~Done() { mark(); }
   } done{mine, seq};
+  auto check_aborted = [&] {
+    for (int r = 0; r < W; ++r) {
+      if (r != me && ctrl(r)->aborted.load(std::memory_order_acquire) == seq) {
+        throw TransportError(c10::str("vccl: ", describe(op), " failed: rank ", r, " gave up on it (timed out or "
+                                      "failed) before this rank arrived; the result would be partial"),
+                             true);
+      }
+    }
+  };
 
   // 2. Wait for every rank's inputs.
   waitAll(false, seq, op);
+  check_aborted();
   for (int r = 0; r < W; ++r) {
     if (ctrl(r)->seq != op.seq) {
       throw TransportError(c10::str("vccl: ", describe(op), ": rank ", r, " published collective #", ctrl(r)->seq,
@@ -417,6 +433,7 @@ void ShmTransport::runCollective(CollectiveOp& op) {
     for (int r = 0; r < W; ++r) std::copy(ctrl(r)->fp, ctrl(r)->fp + len, all.begin() + r * len);
     std::string msg = checkFingerprints(op, me, W, all.data());
     if (!msg.empty()) {
+      done.completed = true;  // every rank finds the same mismatch and raises it: not an abort
       done.mark();
       waitAll(true, seq, op);
       throw TransportError(msg, false);
@@ -513,8 +530,10 @@ void ShmTransport::runCollective(CollectiveOp& op) {
       throw TransportError(c10::str("vccl: ", describe(op), ": not a shared-memory collective"), true);
   }
   // 5. Done when every rank is done with every buffer.
+  done.completed = true;
   done.mark();
   waitAll(true, seq, op);
+  check_aborted();
 }
 
 }  // namespace c10d::vnpu
