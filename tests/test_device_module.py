@@ -157,6 +157,7 @@ torch.manual_seed(1234)                              # seeds every vnpu device t
 torch.vnpu.manual_seed(99)                           # the current device's generator
 torch.vnpu.manual_seed_all(99)
 torch.vnpu.set_rng_state(torch.vnpu.default_generators[1].get_state(), 1)
+r["allocated_before_init"] = torch.vnpu.memory_allocated()   # a query: 0, and no initialization (as CUDA)
 r["init_after_discovery_and_seeding"] = torch.vnpu.is_initialized()
 
 def in_child(fn):
@@ -270,12 +271,13 @@ def test_forked_child_raises(children, use):
 
 
 def test_discovery_and_seeding_do_not_initialize_and_child_can_use_vnpu(children):
-    """device_count(), is_available(), torch.manual_seed() and the vnpu seeding/state setters do not
+    """device_count(), is_available(), torch.manual_seed(), the vnpu seeding/state setters and memory queries do not
     initialize the device, so a fork()ed child uses vnpu normally and sees the parent's seed; the parent
     initializes afterwards on its own."""
     r = children["fork_before_init"].result()
     assert r["count"] == 2 and r["available"] is True
     assert r["init_after_discovery_and_seeding"] is False
+    assert r["allocated_before_init"] == 0
     c = r["child_after_discovery"]
     assert isinstance(c, dict), c
     assert c == {"ok": True, "initialized": True, "seed": 99, "bad_fork": False}

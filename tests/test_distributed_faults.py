@@ -258,3 +258,22 @@ def _four(rank, ws):
 def test_four_ranks_subgroups_and_mesh(world4):
     for fails in world4.run(_four):
         assert fails == []
+
+
+def _check_flag(rank, ws):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = dist.new_group([0, 1])
+        x = torch.full((2,), float(rank + 1), device="vnpu")
+        dist.all_reduce(x, group=g)  # (the group's vccl backend is made at its first use)
+    return [str(w.message) for w in caught if "VNPU_VCCL_CHECK" in str(w.message)], x.cpu().tolist()
+
+
+def test_vccl_check_follows_the_boolean_rule():
+    """VNPU_VCCL_CHECK=false is not understood (only 1/0, PyTorch's rule): a warning naming it, checks stay on."""
+    res = run_world(2, _check_flag, env={"VNPU_VCCL_CHECK": "false"})
+    for msgs, vals in res:
+        assert msgs and "Ignoring invalid value for boolean flag VNPU_VCCL_CHECK: 'false'" in msgs[0], msgs
+        assert vals == [3.0, 3.0]

@@ -33,6 +33,8 @@ bool launchBlocking() {
   return v;
 }
 
+// Note [Boolean environment variables] (runtime): "1" on, "0" off, anything else
+// keeps the default (torch_vnpu.distributed warns about it when it creates the group).
 bool checksEnabledByEnv() {
   const char* e = std::getenv("VNPU_VCCL_CHECK");
   return e == nullptr || std::string(e) != "0";

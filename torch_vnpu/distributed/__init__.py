@@ -21,6 +21,8 @@ naming the collective). Every collective's arguments are compared across ranks b
 
 from __future__ import annotations
 
+import os
+import warnings
 import datetime
 
 import torch
@@ -67,6 +69,10 @@ def _create_vccl(dist_opts, backend_options):
         raise TypeError(
             f"vccl: pg_options must be a ProcessGroupVCCL.Options, got {type(backend_options).__name__}"
         )
+    flag = os.environ.get("VNPU_VCCL_CHECK")
+    if flag not in (None, "0", "1"):  # PyTorch's boolean rule (Note [Boolean environment variables])
+        warnings.warn(f"Ignoring invalid value for boolean flag VNPU_VCCL_CHECK: '{flag}'; valid values are 0 or 1 "
+                      "(as PyTorch's own flags). Using the default (1).", UserWarning, stacklevel=2)
     options._timeout = timeout
     options.group_name = dist_opts.group_id
     options.global_ranks_in_group = list(dist_opts.global_ranks_in_group)

@@ -18,6 +18,10 @@ def empty_cache() -> None:
 
 
 def memory_stats_as_nested_dict(device=None) -> Dict[str, Any]:
+    """The caching allocator's statistics as nested dicts; ``{}`` before the runtime is initialized, so that
+    querying (``memory_allocated()`` and friends give 0) does not initialize it, as ``torch.cuda``'s."""
+    if not _C._is_initialized():
+        return {}
     return _C._memory_stats(_index(device))
 
 
