@@ -228,6 +228,9 @@ c10::DeviceIndex ProcessGroupVCCL::deviceOf(const std::vector<Tensor>& tensors, 
 c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex device, const std::vector<Tensor>& tensors,
                                                  std::vector<Tensor> outputs, bool blocking) {
   const c10::Device dev(c10::DeviceType::PrivateUse1, device);
+  // The transports address peers' memory by (rank, device): every op names its device.
+  op->device = device;
+  for (auto& m : op->batch) m->device = device;
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                          std::vector<c10::Device>{dev});
   if (coalescing_) {

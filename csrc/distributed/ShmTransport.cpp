@@ -27,6 +27,7 @@ namespace {
 constexpr int kMaxWorld = 64;
 constexpr int kMaxBufs = 1024;
 constexpr size_t kMaxFingerprint = 24 + 2 * kMaxWorld;
+constexpr int kMaxDevices = 64;  // the runtime's VNPU_DEVICE_COUNT limit
 constexpr std::chrono::milliseconds kLivenessCheck{100};
 
 }  // namespace
@@ -44,6 +45,11 @@ struct ShmTransport::Ctrl {
   double factor;                 // PREMUL_SUM factor of this rank
   int64_t fp[kMaxFingerprint];   // OpCheck fingerprint
   uint64_t ptr[kMaxBufs];        // device addresses (this rank's address space): inputs, then outputs
+  // This rank's device memory, exported on its first collective on each
+  // device (not at set-up: creating a group must not initialize vnpu, as
+  // NCCL's does not initialize CUDA). Written before `posted`, never changed.
+  uint64_t anchor[kMaxDevices];  // 0: not exported (yet)
+  vnpuIpcMemHandle_t handle[kMaxDevices];
 };
 
 namespace {
@@ -91,56 +97,50 @@ std::string hostIdentity() {
   return c10::str(host, '|', boot, '|', getuid(), '|', netns);
 }
 
-std::string hex(const void* data, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    auto c = static_cast<const unsigned char*>(data)[i];
-    s += digits[c >> 4];
-    s += digits[c & 15];
-  }
-  return s;
-}
-
-void unhex(const std::string& s, void* data, size_t n) {
-  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i < n; ++i)
-    static_cast<unsigned char*>(data)[i] = static_cast<unsigned char>(v(s[2 * i]) * 16 + v(s[2 * i + 1]));
-}
-
-// One small allocation per device of this process whose IPC handle peers open
-// (the handle maps the whole device range; the anchor gives the offset).
-// Process-wide, never freed, shared by every group.
-struct DeviceExports {
-  std::vector<uint64_t> anchor;
-  std::vector<std::string> handle;  // hex; empty if this device cannot be shared
+// One small allocation on `device` whose IPC handle peers open (the handle
+// maps the whole device range; the anchor gives the offset). Made on the
+// first collective on that device, process-wide, never freed, shared by
+// every group. Returns false (and why) if the device cannot be exported.
+struct DeviceExport {
+  uint64_t anchor = 0;
+  vnpuIpcMemHandle_t handle{};
+  std::string error;
 };
 
-const DeviceExports& deviceExports() {
-  static DeviceExports* ex = [] {
-    auto* e = new DeviceExports();
-    int count = 0, prev = 0;
-    vnpuGetDeviceCount(&count);
-    vnpuGetDevice(&prev);
-    // Expandable segments put tensors in vnpuMemMap-ped ranges, outside the
-    // exported linear range: peers could not address them.
-    const bool expandable = c10::vnpu::allocator::config().expandable_segments;
-    for (int d = 0; d < count; ++d) {
-      void* p = nullptr;
-      vnpuIpcMemHandle_t h{};
-      if (!expandable && vnpuSetDevice(d) == vnpuSuccess && vnpuMalloc(&p, 4096) == vnpuSuccess &&
-          vnpuIpcGetMemHandle(&h, p) == vnpuSuccess) {
-        e->anchor.push_back(reinterpret_cast<uint64_t>(p));
-        e->handle.push_back(hex(h.reserved, sizeof(h.reserved)));
-      } else {
-        e->anchor.push_back(0);
-        e->handle.emplace_back();
-      }
-    }
-    vnpuSetDevice(prev);
-    return e;
-  }();
-  return *ex;
+const DeviceExport& deviceExport(int device) {
+  static std::mutex mu;
+  static std::vector<DeviceExport> exports(kMaxDevices);
+  static std::vector<bool> tried(kMaxDevices, false);
+  std::lock_guard<std::mutex> g(mu);
+  DeviceExport& e = exports.at(static_cast<size_t>(device));
+  if (tried[device]) return e;
+  tried[device] = true;
+  int prev = 0;
+  vnpuGetDevice(&prev);
+  void* p = nullptr;
+  vnpuError_t err = vnpuSetDevice(device);
+  if (err == vnpuSuccess) err = vnpuMalloc(&p, 4096);
+  if (err == vnpuSuccess) err = vnpuIpcGetMemHandle(&e.handle, p);
+  vnpuSetDevice(prev);
+  if (err == vnpuSuccess) {
+    e.anchor = reinterpret_cast<uint64_t>(p);
+  } else {
+    e.error = c10::str("cannot export the memory of vnpu:", device, ": ", vnpuGetErrorString(err), " (",
+                       vnpuGetLastErrorString(), ")");
+  }
+  return e;
+}
+
+// Whether this process's device memory can be exported, decided from the
+// configuration alone (no initialization).
+std::string whyNotShareable() {
+  int ipc = 1;
+  vnpuGetEnvFlag("VNPU_IPC", 1, &ipc);
+  if (!ipc) return "VNPU_IPC=0";
+  // Expandable segments put tensors in vnpuMemMap-ped ranges, outside the
+  // exported linear range: peers could not address them.
+  if (c10::vnpu::allocator::config().expandable_segments) return "expandable_segments in PYTORCH_VNPU_ALLOC_CONF";
+  return "";
 }
 
 int64_t nbytesOf(const TensorSpec& s) {
@@ -216,25 +216,17 @@ std::shared_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<Stor
   } catch (const std::exception& e) {
     my_error = e.what();
   }
-  const auto& ex = deviceExports();
-  std::ostringstream dev;
-  dev << ex.anchor.size();
-  for (size_t d = 0; d < ex.anchor.size(); ++d) {
-    dev << ' ' << ex.anchor[d] << ' ' << (ex.handle[d].empty() ? "-" : ex.handle[d]);
-  }
+  const std::string unshareable = whyNotShareable();
   store->set(c10::str("shm/seg/", rank), my_error.empty() ? ShmSegment::encode(t->mine_.id()) : "-");
-  store->set(c10::str("shm/dev/", rank), dev.str());
-  for (size_t d = 0; d < ex.handle.size() && my_error.empty(); ++d) {
-    if (ex.handle[d].empty()) {
-      my_error = c10::str("this rank's device memory (vnpu:", d,
-                          ") is not shareable (VNPU_IPC=0, or expandable_segments in PYTORCH_VNPU_ALLOC_CONF)");
-    }
+  store->set(c10::str("shm/dev/", rank), unshareable.empty() ? "1" : "0" + unshareable);
+  if (my_error.empty() && !unshareable.empty()) {
+    my_error = c10::str("this rank's device memory is not shareable (", unshareable, ")");
   }
   // 3. Map every peer's segment and device memory.
   t->peers_.resize(world);
   t->pids_.assign(world, 0);
-  t->delta_.assign(world, {});
-  t->opened_.assign(world, {});
+  t->delta_.assign(world, std::vector<int64_t>(kMaxDevices, 0));
+  t->opened_.assign(world, std::vector<void*>(kMaxDevices, nullptr));
   for (int r = 0; r < world && my_error.empty(); ++r) {
     try {
       std::string seg = store->get_to_str(c10::str("shm/seg/", r));
@@ -242,29 +234,9 @@ std::shared_ptr<ShmTransport> ShmTransport::create(const c10::intrusive_ptr<Stor
       t->pids_[r] = ShmSegment::decode(seg).pid;
       if (r == rank) continue;
       t->peers_[r] = ShmSegment::open(ShmSegment::decode(seg));
-      std::istringstream is(store->get_to_str(c10::str("shm/dev/", r)));
-      size_t n = 0;
-      is >> n;
-      t->delta_[r].assign(n, 0);
-      t->opened_[r].assign(n, nullptr);
-      for (size_t d = 0; d < n; ++d) {
-        uint64_t anchor = 0;
-        std::string h;
-        is >> anchor >> h;
-        if (h == "-") {
-          throw std::runtime_error(c10::str("the device memory of rank ", r, " (vnpu:", d,
-                                            ") is not shareable (VNPU_IPC=0 or expandable_segments there?)"));
-        }
-        vnpuIpcMemHandle_t handle{};
-        unhex(h, handle.reserved, sizeof(handle.reserved));
-        void* local = nullptr;
-        vnpuError_t err = vnpuIpcOpenMemHandle(&local, handle, vnpuIpcMemLazyEnablePeerAccess);
-        if (err != vnpuSuccess) {
-          throw std::runtime_error(c10::str("cannot map the device memory of rank ", r, ": ", vnpuGetErrorString(err),
-                                            " (", vnpuGetLastErrorString(), ")"));
-        }
-        t->opened_[r][d] = local;
-        t->delta_[r][d] = static_cast<int64_t>(reinterpret_cast<uint64_t>(local) - anchor);
+      std::string dev = store->get_to_str(c10::str("shm/dev/", r));
+      if (dev != "1") {
+        throw std::runtime_error(c10::str("the device memory of rank ", r, " is not shareable (", dev.substr(1), ")"));
       }
     } catch (const std::exception& e) {
       my_error = e.what();
@@ -291,11 +263,30 @@ Ctrl* ShmTransport::ctrl(int r) const {
   return static_cast<Ctrl*>(r == rank_ ? mine_.data() : peers_[r].data());
 }
 
-char* ShmTransport::local(int r, int device, uint64_t addr) const {
+char* ShmTransport::local(int r, int device, uint64_t addr) {
   if (addr == 0) return nullptr;
   if (r == rank_) return reinterpret_cast<char*>(addr);
-  TORCH_CHECK(device >= 0 && device < static_cast<int>(delta_[r].size()) && delta_[r][device] != 0,
-              "vccl: the device memory of rank ", r, " (vnpu:", device, ") is not mapped in this process");
+  if (device < 0 || device >= kMaxDevices) {
+    throw TransportError(c10::str("vccl: rank ", r, " named an invalid device vnpu:", device), true);
+  }
+  if (opened_[r][device] == nullptr) {
+    // Published by rank r before its `posted` word, which this rank acquired.
+    const Ctrl* c = ctrl(r);
+    if (c->anchor[device] == 0) {
+      throw TransportError(c10::str("vccl: the device memory of rank ", r, " (vnpu:", device,
+                                    ") could not be exported; see that rank's error"),
+                           true);
+    }
+    void* mapped = nullptr;
+    vnpuError_t err = vnpuIpcOpenMemHandle(&mapped, c->handle[device], vnpuIpcMemLazyEnablePeerAccess);
+    if (err != vnpuSuccess) {
+      throw TransportError(c10::str("vccl: cannot map the device memory of rank ", r, " (vnpu:", device, "): ",
+                                    vnpuGetErrorString(err), " (", vnpuGetLastErrorString(), ")"),
+                           true);
+    }
+    opened_[r][device] = mapped;
+    delta_[r][device] = static_cast<int64_t>(reinterpret_cast<uint64_t>(mapped) - c->anchor[device]);
+  }
   return reinterpret_cast<char*>(addr + static_cast<uint64_t>(delta_[r][device]));
 }
 
@@ -373,7 +364,17 @@ void ShmTransport::runCollective(CollectiveOp& op) {
   }
   const uint32_t seq = static_cast<uint32_t>(op.seq);
   Ctrl* mine = ctrl(me);
-  // 1. Publish.
+  // 1. Publish (this rank's device memory first, the first time).
+  std::string export_error;
+  if (nbuf > 0 && op.device >= 0 && op.device < kMaxDevices && mine->anchor[op.device] == 0) {
+    const DeviceExport& e = deviceExport(op.device);
+    if (e.anchor != 0) {
+      mine->handle[op.device] = e.handle;
+      mine->anchor[op.device] = e.anchor;
+    } else {
+      export_error = e.error;
+    }
+  }
   mine->seq = op.seq;
   mine->device = op.device;
   mine->nbuf = static_cast<int32_t>(nbuf);
@@ -415,6 +416,8 @@ void ShmTransport::runCollective(CollectiveOp& op) {
       }
     }
   };
+
+  if (!export_error.empty()) throw TransportError(c10::str("vccl: ", describe(op), ": ", export_error), true);
 
   // 2. Wait for every rank's inputs.
   waitAll(false, seq, op);

@@ -61,8 +61,9 @@ class ShmTransport final : public Transport {
   void runCollective(CollectiveOp& op);
   // Blocks until every peer's posted (or done) word reached `seq`.
   void waitAll(bool done, uint32_t seq, const CollectiveOp& op);
-  // This process's address of peer `r`'s device address `addr` on `device`.
-  char* local(int r, int device, uint64_t addr) const;
+  // This process's address of peer `r`'s device address `addr` on `device`
+  // (maps r's memory of that device on first use).
+  char* local(int r, int device, uint64_t addr);
   Ctrl* ctrl(int r) const;
 
   const int rank_, world_;
@@ -71,7 +72,7 @@ class ShmTransport final : public Transport {
   ShmSegment mine_;
   std::vector<ShmSegment> peers_;             // by rank (empty for this rank)
   std::vector<int64_t> pids_;                 // by rank
-  std::vector<std::vector<int64_t>> delta_;   // [rank][device]: local - remote address
+  std::vector<std::vector<int64_t>> delta_;   // [rank][device]: local - remote address (once mapped)
   std::vector<std::vector<void*>> opened_;    // [rank][device]: opened IPC mappings (closed at destruction)
   std::atomic<bool> stopped_{false};
 };
