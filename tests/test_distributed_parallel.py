@@ -471,3 +471,67 @@ def _fsdp_tp(rank, ws):
 def test_fsdp_x_tp_on_a_2d_mesh_of_4_ranks(world4):
     for d in world4.run(_fsdp_tp):
         assert d < 1e-5
+
+
+# ---------------------------------------------------------------- SyncBatchNorm
+
+def _sync_batch_norm(rank, ws):
+    """Each rank normalizes its half of a batch with nn.SyncBatchNorm; the oracle is nn.BatchNorm on the
+    whole batch on CPU (outputs, input gradients, summed parameter gradients, running statistics)."""
+    dev = torch.device("vnpu", torch.vnpu.current_device())
+    res = {}
+    cases = [("bn1d_f64", (8, 5, 7), torch.float64, None), ("bn2d_f32", (6, 4, 5, 3), torch.float32, None),
+             ("bn2d_channels_last", (4, 3, 6, 5), torch.float32, torch.channels_last),
+             ("bn2d_bf16", (8, 4, 4, 4), torch.bfloat16, None)]
+    for name, shape, dtype, fmt in cases:
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) * 3 + 1
+        dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+        if fmt is not None:
+            x, dy = x.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
+        C = shape[1]
+        ref = (nn.BatchNorm1d if len(shape) == 3 else nn.BatchNorm2d)(C, momentum=0.3).to(dtype)
+        with torch.no_grad():
+            ref.weight.copy_(torch.linspace(0.5, 1.5, C))
+            ref.bias.copy_(torch.linspace(-1, 1, C))
+        sync = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(ref)).to(dev)
+        lo, hi = rank * shape[0] // ws, (rank + 1) * shape[0] // ws
+        xr = x[lo:hi].to(dev).requires_grad_()
+        xc = x.clone().requires_grad_()
+        for _ in range(2):  # two steps: the running statistics accumulate
+            out = sync(xr)
+            out.backward(dy[lo:hi].to(dev))
+            out_ref = ref(xc)
+            out_ref.backward(dy)
+        grads = torch.cat([sync.weight.grad, sync.bias.grad]).double()
+        dist.all_reduce(grads)
+        tol_scale = 1.0 if dtype == torch.float64 else x.float().abs().max().item()
+        res[name] = {
+            "out": _max_diff([out], [out_ref[lo:hi]]) / tol_scale,
+            "grad_in": _max_diff([xr.grad], [xc.grad[lo:hi]]) / tol_scale,
+            "grad_params": (grads.cpu() - torch.cat([ref.weight.grad, ref.bias.grad]).double()).abs().max().item(),
+            "running": _max_diff([sync.running_mean, sync.running_var], [ref.running_mean, ref.running_var]),
+            "layout": out.is_contiguous(memory_format=fmt or torch.contiguous_format) and out.device == dev,
+            "dtype": out.dtype == dtype and xr.grad.dtype == dtype,
+        }
+    # one rank with no data: the other rank's statistics alone (as CUDA's SyncBatchNorm)
+    bn = nn.SyncBatchNorm(3).to(dev)
+    xe = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(3))
+    part = xe if rank == 0 else xe[:0]
+    y = bn(part.to(dev))
+    ref = nn.BatchNorm1d(3)
+    y_ref = ref(xe)
+    res["empty_rank"] = _max_diff([y], [y_ref]) if rank == 0 else float(y.numel())
+    res["empty_rank_running"] = _max_diff([bn.running_mean, bn.running_var], [ref.running_mean, ref.running_var])
+    return res
+
+
+def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(world):
+    for r in world.run(_sync_batch_norm):
+        for name in ("bn1d_f64", "bn2d_f32", "bn2d_channels_last", "bn2d_bf16"):
+            c = r[name]
+            tol = {"bn1d_f64": 1e-10, "bn2d_f32": 1e-5, "bn2d_channels_last": 1e-5, "bn2d_bf16": 3e-2}[name]
+            assert c["out"] < tol and c["grad_in"] < tol, (name, c)
+            assert c["grad_params"] < tol * 100 and c["running"] < tol * 10, (name, c)
+            assert c["layout"] and c["dtype"], (name, c)
+        assert r["empty_rank"] < 1e-5 and r["empty_rank_running"] < 1e-5, r
