@@ -1,4 +1,5 @@
-"""Three places where Inductor 2.13 assumes that a device which is not a GPU is the CPU.
+"""Places where Inductor 2.13 assumes that a device which is not a GPU is the CPU, or asks "is this the
+CPU?" where the answer must be the same for vnpu, whose kernels are CPU kernels and Inductor's C++ code.
 
 Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
 
@@ -15,11 +16,23 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    device='vnpu')`` allocations land on the current device, not the graph's
    (a graph on vnpu:1 called while vnpu:0 is current failed with a device
    mismatch). vnpu has devices like a GPU: its graphs get a device guard.
+4. ``_make_reduction_inner`` makes argmax/argmin over several dimensions of a
+   permuted or non-contiguous input return the logical (row-major) index only
+   for Triton and the CPU's C++ backend; for any other device the C++ kernel
+   returned an index in memory order: a silently wrong result (argmax over a
+   permuted [6, 4, 5] tensor gave 59 instead of 109). vnpu answers as CPU there.
+5. ``use_two_step_variance`` picks two-pass variance under CPU's threshold
+   (``config.cpp.use_two_step_variance_threshold``) only for CPU, Welford
+   otherwise; and ``ir.is_cpu`` picks CPU's thresholds for realizing
+   intermediates. vnpu takes CPU's choices, so compiled vnpu graphs are the
+   compiled CPU graphs and give bitwise the same numbers (layer norm differed
+   in the last bits before).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Callable
 
 _DEVICE = "vnpu"
@@ -79,8 +92,86 @@ def _fix_is_cpu() -> None:
     BaseSchedulerNode.is_cpu = is_cpu
 
 
+_ARG_REDUCTIONS = ("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value", "argmin_with_value")
+_as_cpu = threading.local()  # set while a vnpu reduction asks ir.get_device_type the CPU's question
+
+
+def _is_vnpu_node(x) -> bool:
+    try:
+        device = x.get_device()
+    except Exception:  # not every IR node has a device
+        return False
+    return device is not None and device.type == _DEVICE
+
+
+def _fix_logical_index_reductions() -> None:
+    from torch._inductor import ir, lowering
+
+    original_type = ir.get_device_type
+    if getattr(original_type, "_vnpu_original", None) is not None:
+        return
+
+    def get_device_type(x):
+        result = original_type(x)
+        return "cpu" if result == _DEVICE and getattr(_as_cpu, "active", False) else result
+
+    get_device_type._vnpu_original = original_type  # type: ignore[attr-defined]
+    get_device_type.__doc__ = original_type.__doc__
+    ir.get_device_type = get_device_type
+
+    original_inner = lowering._make_reduction_inner
+
+    def _make_reduction_inner(x, *, axis, keepdims, dtype, override_return_dtype, reduction_type=None):
+        kwargs = dict(axis=axis, keepdims=keepdims, dtype=dtype, override_return_dtype=override_return_dtype,
+                      reduction_type=reduction_type)
+        if reduction_type not in _ARG_REDUCTIONS or not _is_vnpu_node(x):
+            return original_inner(x, **kwargs)
+        _as_cpu.active = True
+        try:
+            return original_inner(x, **kwargs)
+        finally:
+            _as_cpu.active = False
+
+    _make_reduction_inner._vnpu_original = original_inner  # type: ignore[attr-defined]
+    lowering._make_reduction_inner = _make_reduction_inner
+
+
+def _fix_cpu_heuristics() -> None:
+    import sympy
+    from torch._inductor import config, ir, lowering
+    from torch._inductor.utils import sympy_product
+
+    original_is_cpu = ir.is_cpu
+    if getattr(original_is_cpu, "_vnpu_original", None) is not None:
+        return
+
+    def is_cpu(x) -> bool:
+        return original_is_cpu(x) or ir.get_device_type(x) == _DEVICE
+
+    is_cpu._vnpu_original = original_is_cpu  # type: ignore[attr-defined]
+    ir.is_cpu = is_cpu
+
+    original_two_step = lowering.use_two_step_variance
+
+    def use_two_step_variance(x, axis, keepdim, input_dtype):
+        if not _is_vnpu_node(x):
+            return original_two_step(x, axis, keepdim, input_dtype)
+        # CPU's rule: two passes for a static reduction of at most the C++ threshold that is not a
+        # reduction to one value.
+        inner = lowering._make_reduction_inner(x, axis=axis, keepdims=keepdim, dtype=None,
+                                               override_return_dtype=None)
+        numel = sympy_product(inner["reduction_ranges"])
+        return (isinstance(numel, sympy.Integer) and int(numel) <= config.cpp.use_two_step_variance_threshold
+                and sympy_product(inner["ranges"]) != 1)
+
+    use_two_step_variance._vnpu_original = original_two_step  # type: ignore[attr-defined]
+    lowering.use_two_step_variance = use_two_step_variance
+
+
 def apply() -> None:
-    """Applies the three fixes (idempotent)."""
+    """Applies the fixes (idempotent)."""
     _fix_get_current_backend()
     _fix_is_cpu()
     _fix_device_need_guard()
+    _fix_logical_index_reductions()
+    _fix_cpu_heuristics()
