@@ -27,6 +27,9 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    intermediates. vnpu takes CPU's choices, so compiled vnpu graphs are the
    compiled CPU graphs and give bitwise the same numbers (layer norm differed
    in the last bits before).
+6. ``use_scatter_fallback`` sends ``scatter_reduce_(..., "sum")`` to ATen's
+   kernel on a multi-threaded CPU instead of generating atomic adds (whose
+   order, so whose float result, varies from run to run); vnpu likewise.
 """
 
 from __future__ import annotations
@@ -166,6 +169,17 @@ def _fix_cpu_heuristics() -> None:
 
     use_two_step_variance._vnpu_original = original_two_step  # type: ignore[attr-defined]
     lowering.use_two_step_variance = use_two_step_variance
+
+    from torch._inductor import utils
+
+    original_scatter = utils.use_scatter_fallback
+
+    def use_scatter_fallback(op_overload, reduction_type, self_dtype, src_dtype, src_device_type, src_is_tensor):
+        if src_device_type == _DEVICE:
+            src_device_type = "cpu"
+        return original_scatter(op_overload, reduction_type, self_dtype, src_dtype, src_device_type, src_is_tensor)
+
+    _rebind("use_scatter_fallback", original_scatter, use_scatter_fallback)
 
 
 def apply() -> None:
