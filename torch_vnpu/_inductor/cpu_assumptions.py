@@ -23,10 +23,11 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    permuted [6, 4, 5] tensor gave 59 instead of 109). vnpu answers as CPU there.
 5. ``use_two_step_variance`` picks two-pass variance under CPU's threshold
    (``config.cpp.use_two_step_variance_threshold``) only for CPU, Welford
-   otherwise; and ``ir.is_cpu`` picks CPU's thresholds for realizing
-   intermediates. vnpu takes CPU's choices, so compiled vnpu graphs are the
-   compiled CPU graphs and give bitwise the same numbers (layer norm differed
-   in the last bits before).
+   otherwise. vnpu takes CPU's choice, so compiled vnpu norms are bitwise the
+   compiled CPU ones (layer norm differed in the last bits before). (CPU's
+   thresholds for realizing reused intermediates, ``ir.is_cpu``, are not
+   taken: with them a broadcast of CPU scalars in torchao's AdamW4bit step was
+   realized as a 64x64 CPU buffer feeding a vnpu kernel.)
 6. ``use_scatter_fallback`` sends ``scatter_reduce_(..., "sum")`` to ATen's
    kernel on a multi-threaded CPU instead of generating atomic adds (whose
    order, so whose float result, varies from run to run); vnpu likewise.
@@ -144,17 +145,9 @@ def _fix_cpu_heuristics() -> None:
     from torch._inductor import config, ir, lowering
     from torch._inductor.utils import sympy_product
 
-    original_is_cpu = ir.is_cpu
-    if getattr(original_is_cpu, "_vnpu_original", None) is not None:
-        return
-
-    def is_cpu(x) -> bool:
-        return original_is_cpu(x) or ir.get_device_type(x) == _DEVICE
-
-    is_cpu._vnpu_original = original_is_cpu  # type: ignore[attr-defined]
-    ir.is_cpu = is_cpu
-
     original_two_step = lowering.use_two_step_variance
+    if getattr(original_two_step, "_vnpu_original", None) is not None:
+        return
 
     def use_two_step_variance(x, axis, keepdim, input_dtype):
         if not _is_vnpu_node(x):
