@@ -161,3 +161,46 @@ def test_chunked_linear_cross_entropy_uses_cpu_policy(dtype, reduction):
     out.sum().backward()
     _same(xv.grad, x.grad, atol=0, rtol=0)
     _same(wv.grad, w.grad, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["contiguous", "transposed_causal", "float_mask", "bool_mask_scale", "bfloat16"])
+def test_sdpa_writes_device_memory_directly_and_equals_cpu(case):
+    # _scaled_dot_product_flash_attention_for_cpu (and its backward) has no out= overload; vnpu runs its
+    # inner kernel on the outputs it allocated (csrc/ops/OutKernels.cpp): no extra copy, CPU's bits and layouts.
+    g = torch.Generator().manual_seed(0)
+    B, H, L, D = 2, 4, 16, 8
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=dtype) for _ in range(3))
+    kw = {}
+    if case == "transposed_causal":
+        q, k, v = (torch.randn(B, L, H, D, generator=g).transpose(1, 2) for _ in range(3))
+        kw["is_causal"] = True
+    elif case == "float_mask":
+        kw["attn_mask"] = torch.randn(L, L, generator=g)
+    elif case == "bool_mask_scale":
+        kw["attn_mask"], kw["scale"] = torch.rand(B, 1, L, L, generator=g) > 0.3, 0.3
+
+    def run(dev):
+        leaves = [t.detach().to(dev).clone().requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, **{a: _v(b) if dev == DEV else b for a, b in kw.items()})
+        out.backward(out.detach() * 0.5 + 1)
+        return [t.cpu() for t in (out, *(x.grad for x in leaves))]
+
+    before = torch.vnpu.get_extra_copy_ops()
+    got = run(DEV)
+    after = torch.vnpu.get_extra_copy_ops()
+    for a, b in zip(got, run("cpu")):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+    assert {op: n - before.get(op, 0) for op, n in after.items() if "scaled_dot_product" in op and
+            n != before.get(op, 0)} == {}
+
+
+def test_sdpa_out_kernel_keeps_cpu_checks():
+    q = torch.randn(2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="do not support dropout > 0"):
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, dropout_p=0.5)
+    qv = q.to(DEV)
+    with pytest.raises(RuntimeError, match="do not support dropout > 0"):
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qv, qv, qv, dropout_p=0.5)
+        torch.vnpu.synchronize()
+    assert torch.equal((qv + 1).cpu(), q + 1)  # the device stays usable

@@ -5,6 +5,7 @@
 #include "Interrupts.h"
 #include "OpPolicies.h"
 #include "OpStats.h"
+#include "OutKernels.h"
 #include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
@@ -165,6 +166,7 @@ struct OpInfo {
   Path path = Path::Async;
   std::string slow_reason;           // non-empty: counted in get_fallback_ops()
   std::optional<c10::OperatorHandle> out_op;  // out= overload for functional ops
+  OutKernel out_kernel = nullptr;             // else an out kernel (OutKernels.h)
   std::vector<int> return_arg;       // per return: index of the mutable arg it aliases, or -1
   std::vector<bool> mutable_arg;     // per argument
   bool new_outputs = false;          // some return is a fresh tensor
@@ -271,6 +273,7 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
     info.out_needs_contiguous_input = out_needs_contiguous_input(info.name);
+    if (!info.out_op) info.out_kernel = find_out_kernel(info.name);
   }
 }
 
@@ -477,6 +480,7 @@ struct Plan {
   explicit Plan(c10::OperatorHandle o) : op(std::move(o)) {}
   c10::OperatorHandle op;       // the functional op
   std::optional<c10::OperatorHandle> out_op;  // its out= overload, when used
+  OutKernel out_kernel = nullptr;               // else its out kernel, when used
   std::vector<Slot> args;
   std::vector<Slot> outs;       // appended as out= args, or copy targets
   std::atomic<bool>* out_unusable = nullptr;  // OpInfo flag set when out= cannot be used
@@ -571,6 +575,19 @@ void run_plan(const Plan& p) {
     attempt.reset();
     s.clear();
     for (const auto& a : p.args) s.push_back(materialize(a, ctx));
+  }
+  if (p.out_kernel) {
+    std::vector<IValue> outs;
+    for (const auto& o : p.outs) outs.push_back(materialize(o, ctx));
+    AttemptWarnings attempt;
+    try {
+      p.out_kernel(s, outs);
+    } catch (...) {
+      attempt.commit();
+      throw;
+    }
+    attempt.commit();
+    return;
   }
   std::optional<AttemptWarnings> attempt(std::in_place);
   try {
@@ -1085,7 +1102,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   if (info.out_op && !plan->outs.empty() && all_defined && !info.out_unusable.load() &&
       !(info.out_needs_contiguous_input && !args[0].toTensor().is_contiguous()))
     plan->out_op = info.out_op;
-  if (!plan->out_op && !plan->outs.empty()) record_extra_copy(info.name);
+  if (!plan->out_op && info.out_kernel && !plan->outs.empty() && all_defined) plan->out_kernel = info.out_kernel;
+  if (!plan->out_op && !plan->out_kernel && !plan->outs.empty()) record_extra_copy(info.name);
   launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
 
   torch::jit::drop(*stack, n);
