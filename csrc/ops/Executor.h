@@ -8,8 +8,8 @@
 //     one task on the current stream. No host round trip.
 //  2. On the stream's worker: build CPU aliases of the device memory and run
 //     ATen's CPU kernel, writing straight into the outputs through the op's
-//     `out=` overload when there is one (else: functional kernel + one copy,
-//     counted in get_fallback_ops()).
+//     `out=` overload when there is one, or its out kernel (OutKernels.h; else:
+//     functional kernel + one copy, counted in get_extra_copy_ops()).
 //  3. View ops only create metadata (the CPU kernel runs on aliases on the
 //     calling thread and the result is rewrapped on the vnpu storage).
 //  4. Ops whose outputs depend on data (dynamic_output_shape /
