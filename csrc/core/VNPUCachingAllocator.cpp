@@ -64,7 +64,7 @@ struct Block {
 
 // Note [Expandable segments]
 // With expandable_segments:True (PYTORCH_VNPU_ALLOC_CONF) each (stream, pool)
-// pair gets one segment: an address range as large as the device
+// pair gets segments: address ranges as large as the device
 // (vnpuMemAddressReserve) whose 2 MiB pages are mapped on demand, each
 // as its own physical handle (vnpuMemCreate + vnpuMemMap), and unmapped again
 // when free in empty_cache, the OOM retry and garbage collection. (CUDA maps
@@ -72,10 +72,12 @@ struct Block {
 // and 20 MiB pages would leave up to 19 MiB of a small device unusable.) Its blocks
 // cover the whole range: mapped ones are ordinary blocks (allocated, or free in
 // the pool), unmapped ones are bare address space in no pool. A request that no
-// free block fits grows the segment: the first unmapped run that, with the
-// free mapped block in front of it, is large enough gets the missing pages.
-// The pages come from wherever the device has free memory, so a request fits
-// whenever enough memory is free in total (a classic segment needs one
+// free block fits grows a segment: the lowest run of free and unmapped blocks
+// long enough gets the missing pages; if no segment of the stream has such a
+// run (its address space is cut by live blocks), a new range is reserved,
+// as CUDA does. Ranges left with no page mapped are returned when the cache is
+// released. The pages come from wherever the device has free memory, so a
+// request fits whenever enough memory is free in total (a classic segment needs one
 // contiguous hole, vnpuMalloc), and freed pages in the middle of a segment go
 // back to the device (a split classic segment keeps all its memory until every
 // block in it is free). Off by default, as on CUDA: see docs/STATUS.md.
@@ -224,16 +226,18 @@ class DeviceCachingAllocator {
       out.push_back(std::move(seg));
     };
     for (Block* head : segments_) add_run(head, nullptr);
-    for (auto& [key, es] : expandable_) {
-      for (Block* b = es->head; b != nullptr;) {
-        if (!b->mapped) {
-          b = b->next;
-          continue;
+    for (auto& [key, list] : expandable_) {
+      for (auto& es : list) {
+        for (Block* b = es->head; b != nullptr;) {
+          if (!b->mapped) {
+            b = b->next;
+            continue;
+          }
+          Block* stop = b;
+          while (stop != nullptr && stop->mapped) stop = stop->next;
+          add_run(b, stop);
+          b = stop;
         }
-        Block* stop = b;
-        while (stop != nullptr && stop->mapped) stop = stop->next;
-        add_run(b, stop);
-        b = stop;
       }
     }
     return out;
@@ -386,6 +390,11 @@ class DeviceCachingAllocator {
                " is free for a new segment, although " + format_size(free_b) +
                " is free in total. Set PYTORCH_VNPU_ALLOC_CONF=expandable_segments:True so that segments are "
                "mapped from scattered free memory, or free the tensors that sit between the free ranges. " + advice;
+    } else if (!use_expandable_) {
+      // CUDA's sentence: reserved but unallocated memory sits in split segments that requests of other
+      // sizes cannot use; expandable segments return it page by page.
+      advice = "If reserved but unallocated memory is large try setting PYTORCH_VNPU_ALLOC_CONF="
+               "expandable_segments:True to avoid fragmentation. " + advice;
     }
     TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory. Tried to allocate ", format_size(orig),
                      ". vnpu:", int(device_), " has a total capacity of ", format_size(total), " of which ",
@@ -397,41 +406,34 @@ class DeviceCachingAllocator {
 
   // ---- expandable segments: See Note [Expandable segments] ------------------------------------
 
-  ExpandableSegment* segment_for(BlockPool& pool, vnpuStream_t stream) {
-    const bool small = &pool == &small_;
-    auto key = std::make_pair(stream, small);
-    auto it = expandable_.find(key);
-    if (it != expandable_.end()) return it->second.get();
+  size_t address_space_size() const { return round_up(std::max(capacity_, kSmallBuffer), kSmallBuffer); }
+
+  // A new address range for (stream, pool), as large as the device, with nothing mapped.
+  ExpandableSegment* new_segment(BlockPool& pool, vnpuStream_t stream) {
     auto es = std::make_unique<ExpandableSegment>();
     es->stream = stream;
-    es->small = small;
+    es->small = &pool == &small_;
     es->page = kSmallBuffer;  // both pools: mapping is cheap, and bigger pages strand memory on small devices
-    es->size = round_up(std::max(capacity_, es->page), es->page);
+    es->size = address_space_size();
     void* base = nullptr;
     VNPU_CHECK(vnpuMemAddressReserve(&base, es->size, 0, nullptr, 0));  // pages need granularity alignment only
     es->base = static_cast<char*>(base);
     es->head = new Block(device_, stream, es->size, &pool, es->base);
     es->head->mapped = false;
     es->head->expandable = es.get();
-    return expandable_.emplace(key, std::move(es)).first->second.get();
+    auto& list = expandable_[std::make_pair(stream, es->small)];
+    list.push_back(std::move(es));
+    return list.back().get();
   }
 
-  // Maps `count` pages at `at`, one handle each; on failure unmaps what it mapped.
-  vnpuError_t map_pages(ExpandableSegment* es, char* at, size_t count) {
-    vnpuMemAllocationProp prop{device_};
-    for (size_t i = 0; i < count; ++i) {
-      vnpuMemGenericAllocationHandle_t h = nullptr;
-      vnpuError_t err = vnpuMemCreate(&h, es->page, &prop, 0);
-      if (err == vnpuSuccess) {
-        err = vnpuMemMap(at + i * es->page, es->page, 0, h, 0);
-        vnpuMemRelease(h);  // the pages live while mapped
-      }
-      if (err != vnpuSuccess) {
-        if (i > 0) vnpuMemUnmap(at, i * es->page);
-        return err;
-      }
-    }
-    return vnpuSuccess;
+  // Returns the address range of a segment with no page mapped (its one block is unmapped).
+  void drop_segment(ExpandableSegment* es) {
+    auto& list = expandable_[std::make_pair(es->stream, es->small)];
+    auto it = std::find_if(list.begin(), list.end(), [es](const auto& p) { return p.get() == es; });
+    TORCH_INTERNAL_ASSERT(it != list.end() && es->mapped_pages == 0 && es->head->next == nullptr);
+    vnpuMemAddressFree(es->base, es->size);
+    delete es->head;
+    list.erase(it);
   }
 
   // A free mapped block of at least `size` bytes for `stream`, made by mapping pages.
@@ -456,30 +458,99 @@ class DeviceCachingAllocator {
     return b;
   }
 
+  // Address space comes first, physical pages second: the lowest run of free and unmapped blocks
+  // of the stream's segments that is long enough (as CUDA's find_expandable_block), else a new
+  // address range. Only the pages then decide, and they may come from anywhere on the device.
   vnpuError_t try_grow(BlockPool& pool, vnpuStream_t stream, size_t size, Block** out) {
-    ExpandableSegment* es = segment_for(pool, stream);
+    if (size > address_space_size()) return vnpuErrorMemoryAllocation;  // more than the device holds
+    auto it = expandable_.find(std::make_pair(stream, &pool == &small_));
+    if (it != expandable_.end()) {
+      for (auto& es : it->second) {
+        if (Block* first = find_run(es.get(), size)) return map_run(first, size, out);
+      }
+    }
+    ExpandableSegment* es = new_segment(pool, stream);
+    vnpuError_t err = map_run(es->head, size, out);
+    if (err != vnpuSuccess) drop_segment(es);
+    return err;
+  }
+
+  // The first block of the lowest run of `size` bytes made of free and unmapped blocks that holds
+  // an unmapped one, or null.
+  Block* find_run(ExpandableSegment* es, size_t size) {
     for (Block* u = es->head; u != nullptr; u = u->next) {
       if (u->mapped) continue;
-      Block* front = u->prev != nullptr && u->prev->is_free() ? u->prev : nullptr;
-      const size_t have = front != nullptr ? front->size : 0;
-      if (have + u->size < size) continue;
-      const size_t pages = (std::max(size, have + 1) - have + es->page - 1) / es->page;
-      vnpuError_t err = map_pages(es, u->ptr, pages);
-      if (err != vnpuSuccess) return err;
-      if (u->size > pages * es->page) split_after(u, pages * es->page);  // the rest stays unmapped
-      u->mapped = true;
-      if (es->mapped_pages == 0) update(stats_.segment, pool, 1, true);
-      es->mapped_pages += pages;
-      stats_.num_device_alloc += static_cast<int64_t>(pages);
-      update(stats_.reserved_bytes, pool, pages * es->page, true);
-      if (front != nullptr) {
-        remove_free(front);
-        u = merge(front, u);
-      }
-      *out = u;
-      return vnpuSuccess;
+      Block* first = u->prev != nullptr && u->prev->is_free() ? u->prev : u;
+      size_t bytes = 0;
+      for (Block* b = first; b != nullptr && bytes < size && (b->is_free() || !b->mapped); b = b->next)
+        bytes += b->size;
+      if (bytes >= size) return first;
     }
-    return vnpuErrorMemoryAllocation;  // the whole range is mapped: so is the device's memory
+    return nullptr;
+  }
+
+  // Maps the pages the run from `first` needs for `size` bytes and makes it one free block (in no
+  // pool). All or nothing: on failure nothing is mapped and the blocks are as they were.
+  vnpuError_t map_run(Block* first, size_t size, Block** out) {
+    ExpandableSegment* es = first->expandable;
+    struct Piece {
+      Block* block;
+      size_t bytes;  // mapped now (whole pages), 0 for a free mapped block
+    };
+    std::vector<Piece> run;
+    size_t covered = 0;
+    for (Block* b = first; covered < size; b = b->next) {
+      const size_t bytes = b->mapped ? 0 : std::min(b->size, round_up(size - covered, es->page));
+      run.push_back({b, bytes});
+      covered += b->mapped ? b->size : bytes;
+    }
+    // Physical pages first (one handle each), then mappings; undo everything on a failure.
+    std::vector<std::pair<char*, size_t>> mapped;  // (address, bytes) mapped so far
+    auto undo = [&] {
+      for (auto [at, n] : mapped) vnpuMemUnmap(at, n);
+    };
+    vnpuMemAllocationProp prop{device_};
+    for (const Piece& p : run) {
+      for (size_t off = 0; off < p.bytes; off += es->page) {
+        vnpuMemGenericAllocationHandle_t h = nullptr;
+        vnpuError_t err = vnpuMemCreate(&h, es->page, &prop, 0);
+        if (err == vnpuSuccess) {
+          err = vnpuMemMap(p.block->ptr + off, es->page, 0, h, 0);
+          vnpuMemRelease(h);  // the pages live while mapped
+        }
+        if (err != vnpuSuccess) {
+          undo();
+          return err;
+        }
+        mapped.emplace_back(p.block->ptr + off, es->page);
+      }
+    }
+    // The blocks: split off the unmapped rest, count the pages, merge the run into one block.
+    BlockPool& pool = *first->pool;
+    size_t pages = 0;
+    for (const Piece& p : run) {
+      if (p.block->mapped) {
+        remove_free(p.block);
+        continue;
+      }
+      if (p.block->size > p.bytes) split_after(p.block, p.bytes);  // the rest stays unmapped
+      p.block->mapped = true;
+      pages += p.bytes / es->page;
+    }
+    if (es->mapped_pages == 0) update(stats_.segment, pool, 1, true);
+    es->mapped_pages += pages;
+    stats_.num_device_alloc += static_cast<int64_t>(pages);
+    update(stats_.reserved_bytes, pool, pages * es->page, true);
+    Block* b = first;
+    Block* const stop = run.back().block->next;
+    while (b->next != stop) merge(b, b->next);
+    // A free block right behind the run joins it (the rest goes back to the pool when split).
+    if (b->next != nullptr && b->next->is_free()) {
+      remove_free(b->next);
+      merge(b, b->next);
+    }
+    *out = b;
+    return vnpuSuccess;
   }
 
   // Unmaps the whole pages inside free block `b` of an expandable segment.
@@ -558,6 +629,14 @@ class DeviceCachingAllocator {
     }
     process_events();
     for (Block* b : releasable()) keep(release_block(b));
+    // Address ranges left with no page mapped go too (as CUDA's release_expandable_segment).
+    std::vector<ExpandableSegment*> empty;
+    for (auto& [key, list] : expandable_) {
+      for (auto& es : list) {
+        if (es->mapped_pages == 0) empty.push_back(es.get());
+      }
+    }
+    for (ExpandableSegment* es : empty) drop_segment(es);
     return first;
   }
 
@@ -614,7 +693,8 @@ class DeviceCachingAllocator {
   BlockPool small_, large_;
   ska::flat_hash_map<void*, Block*> active_;           // allocated blocks by pointer
   std::set<Block*> segments_;                          // first block of each classic segment
-  std::map<std::pair<vnpuStream_t, bool>, std::unique_ptr<ExpandableSegment>> expandable_;  // (stream, small)
+  // (stream, small) -> its expandable segments, oldest first
+  std::map<std::pair<vnpuStream_t, bool>, std::vector<std::unique_ptr<ExpandableSegment>>> expandable_;
   std::deque<std::pair<vnpuEvent_t, Block*>> events_;  // pending recordStream events
   uint64_t free_counter_ = 0;                          // count of frees (garbage collection order)
   DeviceStats stats_;
