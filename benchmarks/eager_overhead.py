@@ -33,6 +33,8 @@ def make_ops(device):
         "add_2x2": ("torch.add(a, b), 2x2 float32", lambda: torch.add(a2, b2)),
         "add_inplace_2x2": ("acc.add_(a), 2x2 float32 (no allocation)", lambda: acc.add_(a2)),
         "matmul_64x64": ("a @ b, 64x64 float32", lambda: torch.matmul(a64, b64)),
+        "empty_256": ("torch.empty(256) float32, dropped (caching allocator alloc + free only)",
+                      lambda: torch.empty(256, device=device)),
     }
 
 

@@ -86,6 +86,66 @@ print(json.dumps({"losses": losses, "expandable": bool(segs) and all(s["is_expan
 """
 
 # max_split_size_mb:20: a cached 30 MiB block is not split for a 5 MiB request, and counts as oversize.
+# Issue 13, 5b: free memory in many 2 MiB pieces 8 MiB apart (38 x 2 MiB tensors, every 4th kept: 60 of 80 MiB free
+# in 6 MiB holes of the stream's address range). Requests larger than any hole must still find pages (a new
+# address range); the kept tensors keep their values; at the end every page and address range goes back.
+_HOLES = _PRELUDE + r"""
+ts = [torch.full((2 * MiB,), i % 251, dtype=torch.uint8, device="vnpu") for i in range(38)]
+kept = ts[::4]
+del ts
+v.empty_cache()
+r["free_before"] = v.mem_get_info(0)[0]
+r["reserved_before"] = v.memory_reserved()
+def fill(n, val):
+    t = torch.full((n,), val, dtype=torch.uint8, device="vnpu")
+    return t, int(t.sum().item())
+r["sums"] = {}
+try:
+    a, r["sums"]["8"] = fill(8 * MiB, 3)
+    b, r["sums"]["40"] = fill(40 * MiB, 5)
+    r["books_with_ab"] = books_match()
+    del a, b
+    v.empty_cache()
+    c, r["sums"]["58"] = fill(58 * MiB, 7)   # every free byte but the page the sum's result needs
+    r["free_with_c"] = v.mem_get_info(0)[0]
+    r["books_with_c"] = books_match()
+    try:
+        torch.empty(4 * MiB, dtype=torch.uint8, device="vnpu")  # the cached small page goes back: 2 MiB free
+    except torch.OutOfMemoryError as e:
+        r["oom_full"] = str(e)
+    del c
+except torch.OutOfMemoryError as e:
+    r["oom"] = str(e)
+r["kept_intact"] = all(int(t[0].item()) == (4 * i) % 251 and int(t.sum().item()) == 2 * MiB * ((4 * i) % 251)
+                       for i, t in enumerate(kept))
+# Many rounds of new address ranges: all go back with the pages.
+for _ in range(20):
+    x = torch.empty(50 * MiB, dtype=torch.uint8, device="vnpu")
+    del x
+    v.empty_cache()
+r["books_after"] = books_match()
+r["reserved_after"] = v.memory_reserved()
+r["segments_after"] = len(v.memory_snapshot())
+print(json.dumps(r))
+"""
+
+# Issue 13, 5b: without expandable segments, memory reserved but unallocated (split segments) cannot serve a
+# larger request: the OOM says so as CUDA's does. 15 x 4 MiB fill three 20 MiB segments, one tensor per segment
+# stays (48 MiB reserved but unallocated), then 30 MiB needs a new segment and 20 MiB is free.
+_RESERVED_UNALLOCATED = r"""
+import json, torch
+MiB = 1 << 20
+ts = [torch.empty(4 * MiB, dtype=torch.uint8, device="vnpu") for _ in range(15)]
+keep = ts[::5]
+del ts
+r = {"reserved": torch.vnpu.memory_reserved(), "allocated": torch.vnpu.memory_allocated()}
+try:
+    torch.empty(30 * MiB, dtype=torch.uint8, device="vnpu")
+except torch.OutOfMemoryError as e:
+    r["oom"] = str(e)
+print(json.dumps(r))
+"""
+
 _MAX_SPLIT = r"""
 import json, torch
 MiB = 1 << 20
@@ -155,6 +215,10 @@ _CHILDREN = {
     "classic": (_FRAGMENTED, {"VNPU_MEMORY_PER_DEVICE": "80M", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
     "expandable": (_FRAGMENTED, {"VNPU_MEMORY_PER_DEVICE": "80M",
                                  "PYTORCH_VNPU_ALLOC_CONF": "expandable_segments:True"}),
+    "holes": (_HOLES, {"VNPU_MEMORY_PER_DEVICE": "80M", "PYTORCH_VNPU_ALLOC_CONF": "expandable_segments:True"}),
+    "reserved_unallocated": (_RESERVED_UNALLOCATED, {"VNPU_MEMORY_PER_DEVICE": "80M"}),
+    "reserved_unallocated_expandable": (_RESERVED_UNALLOCATED, {"VNPU_MEMORY_PER_DEVICE": "80M",
+                                                                "PYTORCH_VNPU_ALLOC_CONF": "expandable_segments:True"}),
     "train_expandable": (_TRAIN, {"PYTORCH_VNPU_ALLOC_CONF": "expandable_segments:True"}),
     "max_split": (_MAX_SPLIT, {"PYTORCH_VNPU_ALLOC_CONF": "max_split_size_mb:20,max_non_split_rounding_mb:10"}),
     "roundup": (_ROUNDUP, {"PYTORCH_VNPU_ALLOC_CONF": "roundup_power2_divisions:4"}),
@@ -207,6 +271,32 @@ def test_expandable_segments_allocate_from_scattered_free_memory(runs):
     assert r["books_with_big"] is True  # reserved == snapshot == the runtime's count, pages mapped
     assert r["reserved_with_big"] == 52 * MiB  # 50 MiB in 2 MiB pages + the page of the kept tensor
     assert r["books_after"] is True and r["reserved_after"] == 2 * MiB  # freed pages went back
+
+
+def test_expandable_segments_serve_requests_larger_than_every_hole(runs):
+    r = runs["holes"]
+    assert r["free_before"] == 60 * MiB and r["reserved_before"] == 20 * MiB
+    assert "oom" not in r, r.get("oom")
+    assert r["sums"] == {"8": 8 * MiB * 3, "40": 40 * MiB * 5, "58": 58 * MiB * 7}
+    assert r["books_with_ab"] is True and r["books_with_c"] is True and r["free_with_c"] == 0
+    full = r["oom_full"]  # the device is full: an honest OOM, which does not suggest what is already on
+    assert "Tried to allocate 4.00 MiB" in full and "2.00 MiB is free" in full and "try setting" not in full
+    assert r["kept_intact"] is True
+    assert r["books_after"] is True and r["reserved_after"] == 20 * MiB and r["segments_after"] == 10
+
+
+def test_oom_with_reserved_unallocated_memory_suggests_expandable_segments(runs):
+    r = runs["reserved_unallocated"]
+    assert r["reserved"] == 60 * MiB and r["allocated"] == 12 * MiB
+    msg = r["oom"]
+    assert "Tried to allocate 30.00 MiB" in msg and "20.00 MiB is free" in msg
+    assert "48.00 MiB is reserved by PyTorch but unallocated" in msg
+    assert ("If reserved but unallocated memory is large try setting "
+            "PYTORCH_VNPU_ALLOC_CONF=expandable_segments:True to avoid fragmentation") in msg
+    # With expandable segments the same program needs no new contiguous range: the pages are there.
+    r = runs["reserved_unallocated_expandable"]
+    assert "oom" not in r, r.get("oom")
+    assert r["allocated"] == 12 * MiB
 
 
 def test_training_with_expandable_segments_matches_cpu(runs):

@@ -9,6 +9,9 @@
 #include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -27,6 +30,9 @@ using c10::CachingAllocator::format_size;
 using c10::CachingAllocator::StatType;
 using c10::CachingAllocator::StatTypes;
 using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+using Context = std::shared_ptr<c10::GatheredContext>;
 
 constexpr size_t kMinBlockSize = 512;               // bytes; every block is a multiple
 constexpr size_t kSmallSize = 1048576;              // largest "small" request
@@ -56,6 +62,8 @@ struct Block {
   int event_count = 0;        // outstanding recordStream events
   uint64_t freed_at = 0;      // free counter when it last became free (garbage collection order)
   std::set<vnpuStream_t> stream_uses;
+  Context context_when_allocated;          // memory history: where the block was last handed out
+  Context context_when_segment_allocated;  // ... and, on a segment's first block, where the segment was made
   Block(DeviceIndex d, vnpuStream_t s, size_t n, BlockPool* p, char* ptr_)
       : device(d), stream(s), size(n), pool(p), ptr(ptr_) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
@@ -64,7 +72,7 @@ struct Block {
 
 // Note [Expandable segments]
 // With expandable_segments:True (PYTORCH_VNPU_ALLOC_CONF) each (stream, pool)
-// pair gets one segment: an address range as large as the device
+// pair gets segments: address ranges as large as the device
 // (vnpuMemAddressReserve) whose 2 MiB pages are mapped on demand, each
 // as its own physical handle (vnpuMemCreate + vnpuMemMap), and unmapped again
 // when free in empty_cache, the OOM retry and garbage collection. (CUDA maps
@@ -72,10 +80,12 @@ struct Block {
 // and 20 MiB pages would leave up to 19 MiB of a small device unusable.) Its blocks
 // cover the whole range: mapped ones are ordinary blocks (allocated, or free in
 // the pool), unmapped ones are bare address space in no pool. A request that no
-// free block fits grows the segment: the first unmapped run that, with the
-// free mapped block in front of it, is large enough gets the missing pages.
-// The pages come from wherever the device has free memory, so a request fits
-// whenever enough memory is free in total (a classic segment needs one
+// free block fits grows a segment: the lowest run of free and unmapped blocks
+// long enough gets the missing pages; if no segment of the stream has such a
+// run (its address space is cut by live blocks), a new range is reserved,
+// as CUDA does. Ranges left with no page mapped are returned when the cache is
+// released. The pages come from wherever the device has free memory, so a
+// request fits whenever enough memory is free in total (a classic segment needs one
 // contiguous hole, vnpuMalloc), and freed pages in the middle of a segment go
 // back to the device (a split classic segment keeps all its memory until every
 // block in it is free). Off by default, as on CUDA: see docs/STATUS.md.
@@ -105,6 +115,32 @@ size_t round_to_division(size_t size, size_t divisions) {
   return step == 0 ? floor * 2 : round_up(size, step);
 }
 
+// Note [Memory history]
+// torch.vnpu.memory._record_memory_history mirrors CUDA's: while it is on, each
+// device keeps a ring buffer of its last `max_entries` TraceEntry records (alloc,
+// free_requested, free_completed, segment_alloc/free, segment_map/unmap for
+// expandable segments, oom, snapshot), and blocks remember the context (a
+// torch::CapturedTraceback, gathered by a function the Python module installs)
+// of the call that allocated them. Contexts are gathered before the allocator's
+// lock is taken (gathering may take the GIL), and only when the recording level
+// asks for them, so that with recording off an allocation costs one relaxed
+// atomic load more. Out-of-memory observers run after the lock is released,
+// before OutOfMemoryError is raised, so that they may take a snapshot.
+
+std::mutex g_observers_mu;  // guards g_oom_observers
+std::vector<OutOfMemoryObserver> g_oom_observers;
+
+// What an OutOfMemoryError will say, carried out of the locked region (see Note [Memory history]).
+struct PendingOom {
+  std::string message;
+  size_t alloc = 0, total = 0, free = 0;  // bytes
+};
+
+int64_t unix_time_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 class DeviceCachingAllocator {
  public:
   explicit DeviceCachingAllocator(DeviceIndex d) : device_(d), cfg_(config()) {
@@ -114,7 +150,37 @@ class DeviceCachingAllocator {
   }
 
   Block* malloc(size_t orig, vnpuStream_t stream) {
-    std::lock_guard<std::recursive_mutex> g(mu_);
+    Context context = maybe_gather(RecordContext::STATE);  // before the lock: See Note [Memory history]
+    PendingOom oom_info;
+    {
+      std::lock_guard<std::recursive_mutex> g(mu_);
+      call_context_ = &context;
+      try {
+        Block* b = malloc_locked(orig, stream, context);
+        call_context_ = nullptr;
+        return b;
+      } catch (PendingOom& p) {
+        oom_info = std::move(p);
+      } catch (...) {
+        call_context_ = nullptr;
+        throw;
+      }
+      call_context_ = nullptr;
+    }
+    std::vector<OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> g(g_observers_mu);
+      observers = g_oom_observers;
+    }
+    for (const auto& obs : observers) {
+      obs(device_, static_cast<int64_t>(oom_info.alloc), static_cast<int64_t>(oom_info.total),
+          static_cast<int64_t>(oom_info.free));
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, false, oom_info.message);
+    return nullptr;  // unreachable
+  }
+
+  Block* malloc_locked(size_t orig, vnpuStream_t stream, const Context& context) {
     process_events();
     size_t size = round_size(orig);
     BlockPool& pool = size <= kSmallSize ? small_ : large_;
@@ -130,12 +196,17 @@ class DeviceCachingAllocator {
     update(stats_.active_bytes, pool, block->size, true);
     update(stats_.requested_bytes, pool, orig, true);
     if (is_oversize(block)) stats_.oversize_allocations.increase(1);
+    block->context_when_allocated = context;
+    record_trace(TraceEntry::ALLOC, block->ptr, orig, stream, context);
     return block;
   }
 
-  void free(Block* block) {
+  void free(Block* block, const Context& context) {
     std::lock_guard<std::recursive_mutex> g(mu_);
     block->allocated = false;
+    record_trace(TraceEntry::FREE_REQUESTED, block->ptr, block->requested, block->stream,
+                 context ? context : block->context_when_allocated);
+    if (context) block->context_when_allocated = context;  // context:"all": free_completed names the free
     active_.erase(block->ptr);
     update(stats_.allocation, *block->pool, 1, false);
     update(stats_.allocated_bytes, *block->pool, block->size, false);
@@ -158,10 +229,11 @@ class DeviceCachingAllocator {
 
   // Frees the block that starts at `ptr` (the DataPtr's deleter).
   void free_ptr(void* ptr) {
+    Context context = maybe_gather(RecordContext::ALL);  // before the lock: See Note [Memory history]
     std::lock_guard<std::recursive_mutex> g(mu_);
     auto it = active_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != active_.end(), "vnpu caching allocator: freeing an unknown pointer ", ptr);
-    free(it->second);
+    free(it->second, context);
   }
 
   void record_stream(void* ptr, vnpuStream_t stream) {
@@ -207,12 +279,14 @@ class DeviceCachingAllocator {
       seg.stream = first->stream;
       seg.is_large = first->pool == &large_;
       seg.is_expandable = first->expandable != nullptr;
+      seg.context_when_allocated = first->context_when_segment_allocated;
       for (Block* b = first; b != stop; b = b->next) {
         c10::CachingDeviceAllocator::BlockInfo bi;
         bi.size = b->size;
         bi.requested_size = b->requested;
         bi.allocated = b->allocated;
         bi.active = b->allocated || b->event_count > 0;
+        if (bi.active) bi.context_when_allocated = b->context_when_allocated;
         seg.total_size += b->size;
         if (b->allocated) {
           seg.allocated_size += b->size;
@@ -224,22 +298,92 @@ class DeviceCachingAllocator {
       out.push_back(std::move(seg));
     };
     for (Block* head : segments_) add_run(head, nullptr);
-    for (auto& [key, es] : expandable_) {
-      for (Block* b = es->head; b != nullptr;) {
-        if (!b->mapped) {
-          b = b->next;
-          continue;
+    for (auto& [key, list] : expandable_) {
+      for (auto& es : list) {
+        for (Block* b = es->head; b != nullptr;) {
+          if (!b->mapped) {
+            b = b->next;
+            continue;
+          }
+          Block* stop = b;
+          while (stop != nullptr && stop->mapped) stop = stop->next;
+          add_run(b, stop);
+          b = stop;
         }
-        Block* stop = b;
-        while (stop != nullptr && stop->mapped) stop = stop->next;
-        add_run(b, stop);
-        b = stop;
       }
     }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+    size_t active = 0;
+    for (const auto& seg : out) active += seg.active_size;
+    record_trace(TraceEntry::SNAPSHOT, size_t{0}, active, nullptr, nullptr);
+    return out;
+  }
+
+  // ---- memory history: See Note [Memory history] ---------------------------------------------
+
+  void record_history(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder, size_t max_entries,
+                      RecordContext when, bool clear, uint32_t skip_actions) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    record_history_ = enabled;
+    recorder_.store(enabled ? recorder : nullptr);
+    record_context_.store(enabled && recorder != nullptr ? static_cast<int>(when) : 0);
+    skip_actions_ = skip_actions;
+    max_entries_ = std::max<size_t>(1, max_entries);  // CUDA keeps at least one entry (max_entries=0 too)
+    if (!enabled || clear || trace_.size() > max_entries_) {
+      // A smaller buffer keeps the newest entries.
+      std::vector<TraceEntry> kept = enabled && !clear ? trace() : std::vector<TraceEntry>{};
+      if (kept.size() > max_entries_) kept.erase(kept.begin(), kept.end() - static_cast<ptrdiff_t>(max_entries_));
+      trace_ = std::move(kept);
+      trace_next_ = 0;
+    } else if (trace_next_ != 0) {
+      trace_ = trace();  // oldest first, so that growing the buffer appends
+      trace_next_ = 0;
+    }
+  }
+
+  bool history_enabled() {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    return record_history_;
+  }
+
+  // The recorded entries, oldest first.
+  std::vector<TraceEntry> trace() {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    std::vector<TraceEntry> out(trace_.begin() + static_cast<ptrdiff_t>(trace_next_), trace_.end());
+    out.insert(out.end(), trace_.begin(), trace_.begin() + static_cast<ptrdiff_t>(trace_next_));
     return out;
   }
 
  private:
+  // The context of the calling thread's stack if the recording level asks for it at `level`.
+  Context maybe_gather(RecordContext level) {
+    if (record_context_.load(std::memory_order_relaxed) < static_cast<int>(level)) return nullptr;
+    auto recorder = recorder_.load();
+    return recorder != nullptr ? recorder() : nullptr;
+  }
+
+  void record_trace(TraceEntry::Action action, const void* addr, size_t size, vnpuStream_t stream,
+                    const Context& context) {
+    record_trace(action, reinterpret_cast<size_t>(addr), size, stream, context);
+  }
+  void record_trace(TraceEntry::Action action, size_t addr, size_t size, vnpuStream_t stream,
+                    const Context& context) {
+    if (!record_history_ || (skip_actions_ & (1u << action)) != 0) return;
+    const bool with_context = record_context_.load(std::memory_order_relaxed) >= static_cast<int>(RecordContext::ALLOC);
+    TraceEntry te(action, device_, addr, size, stream, {0, 0}, 0, with_context ? context : nullptr);
+    te.time_.t_ = static_cast<time_t>(unix_time_us());
+    if (trace_.size() < max_entries_) {
+      trace_.push_back(std::move(te));
+    } else {
+      trace_[trace_next_] = std::move(te);
+      trace_next_ = (trace_next_ + 1) % max_entries_;
+    }
+  }
+  const Context& call_context() const {
+    static const Context none;
+    return call_context_ != nullptr ? *call_context_ : none;
+  }
+
   template <typename F>
   void for_all_stats(F f) {
     for (auto* arr : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
@@ -349,10 +493,12 @@ class DeviceCachingAllocator {
       VNPU_CHECK(release_cached());
       err = device_malloc(&ptr, n);
     }
-    if (err == vnpuErrorMemoryAllocation) oom(orig, n, /*contiguous=*/true);
+    if (err == vnpuErrorMemoryAllocation) oom(orig, size, n, stream, /*contiguous=*/true);
     VNPU_CHECK(err);
     ++stats_.num_device_alloc;
     auto* b = new Block(device_, stream, n, &pool, static_cast<char*>(ptr));
+    b->context_when_segment_allocated = call_context();
+    record_trace(TraceEntry::SEGMENT_ALLOC, ptr, n, stream, call_context());
     segments_.insert(b);
     update(stats_.segment, pool, 1, true);
     update(stats_.reserved_bytes, pool, n, true);
@@ -367,13 +513,15 @@ class DeviceCachingAllocator {
     return err;
   }
 
-  // `needed`: bytes the device could not provide; `contiguous`: they had to be one range (vnpuMalloc).
-  [[noreturn]] void oom(size_t orig, size_t needed, bool contiguous) {
+  // `size`: the rounded request; `needed`: bytes the device could not provide; `contiguous`: they had
+  // to be one range (vnpuMalloc). Throws PendingOom: malloc raises OutOfMemoryError outside the lock.
+  [[noreturn]] void oom(size_t orig, size_t size, size_t needed, vnpuStream_t stream, bool contiguous) {
     ++stats_.num_ooms;
     size_t free_b = 0, total = 0;
     DeviceIndex prev = ExchangeDevice(device_);
     vnpuMemGetInfo(&free_b, &total);
     set_device(prev);
+    record_trace(TraceEntry::OOM, free_b, size, stream, call_context());  // addr: the free bytes, as CUDA
     const auto agg = static_cast<size_t>(StatType::AGGREGATE);
     const size_t allocated = stats_.allocated_bytes[agg].current;
     const size_t reserved = stats_.reserved_bytes[agg].current;
@@ -386,52 +534,55 @@ class DeviceCachingAllocator {
                " is free for a new segment, although " + format_size(free_b) +
                " is free in total. Set PYTORCH_VNPU_ALLOC_CONF=expandable_segments:True so that segments are "
                "mapped from scattered free memory, or free the tensors that sit between the free ranges. " + advice;
+    } else if (!use_expandable_) {
+      // CUDA's sentence: reserved but unallocated memory sits in split segments that requests of other
+      // sizes cannot use; expandable segments return it page by page.
+      advice = "If reserved but unallocated memory is large try setting PYTORCH_VNPU_ALLOC_CONF="
+               "expandable_segments:True to avoid fragmentation. " + advice;
     }
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory. Tried to allocate ", format_size(orig),
-                     ". vnpu:", int(device_), " has a total capacity of ", format_size(total), " of which ",
-                     format_size(free_b), " is free. Of the allocated memory ", format_size(allocated),
-                     " is allocated by PyTorch, and ", format_size(reserved - allocated),
-                     " is reserved by PyTorch but unallocated (reserved in total: ", format_size(reserved),
-                     "). ", advice);
+    PendingOom p;
+    p.message = c10::str("vNPU out of memory. Tried to allocate ", format_size(orig), ". vnpu:", int(device_),
+                         " has a total capacity of ", format_size(total), " of which ", format_size(free_b),
+                         " is free. Of the allocated memory ", format_size(allocated),
+                         " is allocated by PyTorch, and ", format_size(reserved - allocated),
+                         " is reserved by PyTorch but unallocated (reserved in total: ", format_size(reserved),
+                         "). ", advice);
+    p.alloc = needed;
+    p.total = total;
+    p.free = free_b;
+    throw p;
   }
 
   // ---- expandable segments: See Note [Expandable segments] ------------------------------------
 
-  ExpandableSegment* segment_for(BlockPool& pool, vnpuStream_t stream) {
-    const bool small = &pool == &small_;
-    auto key = std::make_pair(stream, small);
-    auto it = expandable_.find(key);
-    if (it != expandable_.end()) return it->second.get();
+  size_t address_space_size() const { return round_up(std::max(capacity_, kSmallBuffer), kSmallBuffer); }
+
+  // A new address range for (stream, pool), as large as the device, with nothing mapped.
+  ExpandableSegment* new_segment(BlockPool& pool, vnpuStream_t stream) {
     auto es = std::make_unique<ExpandableSegment>();
     es->stream = stream;
-    es->small = small;
+    es->small = &pool == &small_;
     es->page = kSmallBuffer;  // both pools: mapping is cheap, and bigger pages strand memory on small devices
-    es->size = round_up(std::max(capacity_, es->page), es->page);
+    es->size = address_space_size();
     void* base = nullptr;
     VNPU_CHECK(vnpuMemAddressReserve(&base, es->size, 0, nullptr, 0));  // pages need granularity alignment only
     es->base = static_cast<char*>(base);
     es->head = new Block(device_, stream, es->size, &pool, es->base);
     es->head->mapped = false;
     es->head->expandable = es.get();
-    return expandable_.emplace(key, std::move(es)).first->second.get();
+    auto& list = expandable_[std::make_pair(stream, es->small)];
+    list.push_back(std::move(es));
+    return list.back().get();
   }
 
-  // Maps `count` pages at `at`, one handle each; on failure unmaps what it mapped.
-  vnpuError_t map_pages(ExpandableSegment* es, char* at, size_t count) {
-    vnpuMemAllocationProp prop{device_};
-    for (size_t i = 0; i < count; ++i) {
-      vnpuMemGenericAllocationHandle_t h = nullptr;
-      vnpuError_t err = vnpuMemCreate(&h, es->page, &prop, 0);
-      if (err == vnpuSuccess) {
-        err = vnpuMemMap(at + i * es->page, es->page, 0, h, 0);
-        vnpuMemRelease(h);  // the pages live while mapped
-      }
-      if (err != vnpuSuccess) {
-        if (i > 0) vnpuMemUnmap(at, i * es->page);
-        return err;
-      }
-    }
-    return vnpuSuccess;
+  // Returns the address range of a segment with no page mapped (its one block is unmapped).
+  void drop_segment(ExpandableSegment* es) {
+    auto& list = expandable_[std::make_pair(es->stream, es->small)];
+    auto it = std::find_if(list.begin(), list.end(), [es](const auto& p) { return p.get() == es; });
+    TORCH_INTERNAL_ASSERT(it != list.end() && es->mapped_pages == 0 && es->head->next == nullptr);
+    vnpuMemAddressFree(es->base, es->size);
+    delete es->head;
+    list.erase(it);
   }
 
   // A free mapped block of at least `size` bytes for `stream`, made by mapping pages.
@@ -451,35 +602,105 @@ class DeviceCachingAllocator {
       use_expandable_ = false;
       return alloc_segment(pool, stream, size, orig);
     }
-    if (err == vnpuErrorMemoryAllocation) oom(orig, size, /*contiguous=*/false);
+    if (err == vnpuErrorMemoryAllocation) oom(orig, size, size, stream, /*contiguous=*/false);
     VNPU_CHECK(err);
     return b;
   }
 
+  // Address space comes first, physical pages second: the lowest run of free and unmapped blocks
+  // of the stream's segments that is long enough (as CUDA's find_expandable_block), else a new
+  // address range. Only the pages then decide, and they may come from anywhere on the device.
   vnpuError_t try_grow(BlockPool& pool, vnpuStream_t stream, size_t size, Block** out) {
-    ExpandableSegment* es = segment_for(pool, stream);
+    if (size > address_space_size()) return vnpuErrorMemoryAllocation;  // more than the device holds
+    auto it = expandable_.find(std::make_pair(stream, &pool == &small_));
+    if (it != expandable_.end()) {
+      for (auto& es : it->second) {
+        if (Block* first = find_run(es.get(), size)) return map_run(first, size, out);
+      }
+    }
+    ExpandableSegment* es = new_segment(pool, stream);
+    vnpuError_t err = map_run(es->head, size, out);
+    if (err != vnpuSuccess) drop_segment(es);
+    return err;
+  }
+
+  // The first block of the lowest run of `size` bytes made of free and unmapped blocks that holds
+  // an unmapped one, or null.
+  Block* find_run(ExpandableSegment* es, size_t size) {
     for (Block* u = es->head; u != nullptr; u = u->next) {
       if (u->mapped) continue;
-      Block* front = u->prev != nullptr && u->prev->is_free() ? u->prev : nullptr;
-      const size_t have = front != nullptr ? front->size : 0;
-      if (have + u->size < size) continue;
-      const size_t pages = (std::max(size, have + 1) - have + es->page - 1) / es->page;
-      vnpuError_t err = map_pages(es, u->ptr, pages);
-      if (err != vnpuSuccess) return err;
-      if (u->size > pages * es->page) split_after(u, pages * es->page);  // the rest stays unmapped
-      u->mapped = true;
-      if (es->mapped_pages == 0) update(stats_.segment, pool, 1, true);
-      es->mapped_pages += pages;
-      stats_.num_device_alloc += static_cast<int64_t>(pages);
-      update(stats_.reserved_bytes, pool, pages * es->page, true);
-      if (front != nullptr) {
-        remove_free(front);
-        u = merge(front, u);
-      }
-      *out = u;
-      return vnpuSuccess;
+      Block* first = u->prev != nullptr && u->prev->is_free() ? u->prev : u;
+      size_t bytes = 0;
+      for (Block* b = first; b != nullptr && bytes < size && (b->is_free() || !b->mapped); b = b->next)
+        bytes += b->size;
+      if (bytes >= size) return first;
     }
-    return vnpuErrorMemoryAllocation;  // the whole range is mapped: so is the device's memory
+    return nullptr;
+  }
+
+  // Maps the pages the run from `first` needs for `size` bytes and makes it one free block (in no
+  // pool). All or nothing: on failure nothing is mapped and the blocks are as they were.
+  vnpuError_t map_run(Block* first, size_t size, Block** out) {
+    ExpandableSegment* es = first->expandable;
+    struct Piece {
+      Block* block;
+      size_t bytes;  // mapped now (whole pages), 0 for a free mapped block
+    };
+    std::vector<Piece> run;
+    size_t covered = 0;
+    for (Block* b = first; covered < size; b = b->next) {
+      const size_t bytes = b->mapped ? 0 : std::min(b->size, round_up(size - covered, es->page));
+      run.push_back({b, bytes});
+      covered += b->mapped ? b->size : bytes;
+    }
+    // Physical pages first (one handle each), then mappings; undo everything on a failure.
+    std::vector<std::pair<char*, size_t>> mapped;  // (address, bytes) mapped so far
+    auto undo = [&] {
+      for (auto [at, n] : mapped) vnpuMemUnmap(at, n);
+    };
+    vnpuMemAllocationProp prop{device_};
+    for (const Piece& p : run) {
+      for (size_t off = 0; off < p.bytes; off += es->page) {
+        vnpuMemGenericAllocationHandle_t h = nullptr;
+        vnpuError_t err = vnpuMemCreate(&h, es->page, &prop, 0);
+        if (err == vnpuSuccess) {
+          err = vnpuMemMap(p.block->ptr + off, es->page, 0, h, 0);
+          vnpuMemRelease(h);  // the pages live while mapped
+        }
+        if (err != vnpuSuccess) {
+          undo();
+          return err;
+        }
+        mapped.emplace_back(p.block->ptr + off, es->page);
+      }
+      if (p.bytes > 0) record_trace(TraceEntry::SEGMENT_MAP, p.block->ptr, p.bytes, es->stream, call_context());
+    }
+    // The blocks: split off the unmapped rest, count the pages, merge the run into one block.
+    BlockPool& pool = *first->pool;
+    size_t pages = 0;
+    for (const Piece& p : run) {
+      if (p.block->mapped) {
+        remove_free(p.block);
+        continue;
+      }
+      if (p.block->size > p.bytes) split_after(p.block, p.bytes);  // the rest stays unmapped
+      p.block->mapped = true;
+      pages += p.bytes / es->page;
+    }
+    if (es->mapped_pages == 0) update(stats_.segment, pool, 1, true);
+    es->mapped_pages += pages;
+    stats_.num_device_alloc += static_cast<int64_t>(pages);
+    update(stats_.reserved_bytes, pool, pages * es->page, true);
+    Block* b = first;
+    Block* const stop = run.back().block->next;
+    while (b->next != stop) merge(b, b->next);
+    // A free block right behind the run joins it (the rest goes back to the pool when split).
+    if (b->next != nullptr && b->next->is_free()) {
+      remove_free(b->next);
+      merge(b, b->next);
+    }
+    *out = b;
+    return vnpuSuccess;
   }
 
   // Unmaps the whole pages inside free block `b` of an expandable segment.
@@ -490,6 +711,7 @@ class DeviceCachingAllocator {
     if (first >= last) return vnpuSuccess;
     vnpuError_t err = vnpuMemUnmap(es->base + first, last - first);  // waits for the device's queued work
     if (err != vnpuSuccess) return err;
+    record_trace(TraceEntry::SEGMENT_UNMAP, es->base + first, last - first, es->stream, nullptr);
     BlockPool& pool = *b->pool;
     remove_free(b);
     Block* mid = b;
@@ -512,6 +734,9 @@ class DeviceCachingAllocator {
   // ---- freeing --------------------------------------------------------------------------------
 
   void free_block(Block* block) {
+    record_trace(TraceEntry::FREE_COMPLETED, block->ptr, block->requested, block->stream,
+                 block->context_when_allocated);
+    block->context_when_allocated = nullptr;
     BlockPool& pool = *block->pool;
     update(stats_.active, pool, 1, false);
     update(stats_.active_bytes, pool, block->size, false);
@@ -558,6 +783,14 @@ class DeviceCachingAllocator {
     }
     process_events();
     for (Block* b : releasable()) keep(release_block(b));
+    // Address ranges left with no page mapped go too (as CUDA's release_expandable_segment).
+    std::vector<ExpandableSegment*> empty;
+    for (auto& [key, list] : expandable_) {
+      for (auto& es : list) {
+        if (es->mapped_pages == 0) empty.push_back(es.get());
+      }
+    }
+    for (ExpandableSegment* es : empty) drop_segment(es);
     return first;
   }
 
@@ -577,6 +810,7 @@ class DeviceCachingAllocator {
     vnpuError_t err = vnpuFree(b->ptr);  // synchronizes the device, like cudaFree
     if (err == vnpuErrorInvalidValue) return err;  // not a block of the device: nothing was freed
     BlockPool& pool = *b->pool;
+    record_trace(TraceEntry::SEGMENT_FREE, b->ptr, b->size, b->stream, nullptr);
     pool.erase(b);  // freed even if a pending kernel error is reported: See Note [Errors while releasing memory]
     ++stats_.num_device_free;
     update(stats_.segment, pool, 1, false);
@@ -614,10 +848,20 @@ class DeviceCachingAllocator {
   BlockPool small_, large_;
   ska::flat_hash_map<void*, Block*> active_;           // allocated blocks by pointer
   std::set<Block*> segments_;                          // first block of each classic segment
-  std::map<std::pair<vnpuStream_t, bool>, std::unique_ptr<ExpandableSegment>> expandable_;  // (stream, small)
+  // (stream, small) -> its expandable segments, oldest first
+  std::map<std::pair<vnpuStream_t, bool>, std::vector<std::unique_ptr<ExpandableSegment>>> expandable_;
   std::deque<std::pair<vnpuEvent_t, Block*>> events_;  // pending recordStream events
   uint64_t free_counter_ = 0;                          // count of frees (garbage collection order)
   DeviceStats stats_;
+  // Memory history (Note [Memory history]). The two atomics are read without the lock.
+  std::atomic<int> record_context_{0};  // RecordContext
+  std::atomic<c10::CachingDeviceAllocator::CreateContextFn> recorder_{nullptr};
+  bool record_history_ = false;
+  uint32_t skip_actions_ = 0;           // bit per TraceEntry::Action
+  size_t max_entries_ = 1;
+  std::vector<TraceEntry> trace_;       // ring buffer: the oldest entry is at trace_next_ once full
+  size_t trace_next_ = 0;
+  const Context* call_context_ = nullptr;  // the context of the malloc in progress
 };
 
 DeviceCachingAllocator& device_allocator(DeviceIndex d) {
@@ -657,7 +901,9 @@ class VNPUAllocator final : public c10::DeviceAllocator {
     VNPU_CHECK(vnpuMemcpyAsync(dest, src, count, vnpuMemcpyDeviceToDevice, s.stream()));
     s.synchronize();
   }
-  bool initialized() override { return true; }
+  // As CUDA's: false until the device is initialized, so that torch.accelerator.memory_* answer
+  // without initializing it.
+  bool initialized() override { return vnpuIsInitialized() != 0; }
   void emptyCache(MempoolId_t) override { allocator::emptyCache(); }
   void recordStream(const DataPtr& ptr, c10::Stream stream) override {
     allocator::recordStream(ptr, VNPUStream(stream));
@@ -705,13 +951,27 @@ DeviceStats getDeviceStats(DeviceIndex d) { return device_allocator(d).stats(); 
 void resetPeakStats(DeviceIndex d) { device_allocator(d).reset_peak(); }
 void resetAccumulatedStats(DeviceIndex d) { device_allocator(d).reset_accumulated(); }
 
-std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() {
-  std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
+SnapshotInfo snapshot() {
+  SnapshotInfo out;
   for (DeviceIndex d = 0; d < device_count(); ++d) {
     auto s = device_allocator(d).snapshot();
-    out.insert(out.end(), s.begin(), s.end());
+    out.segments.insert(out.segments.end(), s.begin(), s.end());
+    out.device_traces.push_back(device_allocator(d).trace());
   }
   return out;
+}
+
+void recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder, size_t max_entries,
+                   RecordContext when, bool clear_history, uint32_t skip_actions) {
+  for (DeviceIndex d = 0; d < device_count(); ++d)
+    device_allocator(d).record_history(enabled, recorder, max_entries, when, clear_history, skip_actions);
+}
+
+bool isHistoryEnabled() { return device_count() > 0 && device_allocator(0).history_enabled(); }
+
+void attachOutOfMemoryObserver(OutOfMemoryObserver observer) {
+  std::lock_guard<std::mutex> g(g_observers_mu);
+  g_oom_observers.push_back(std::move(observer));
 }
 
 REGISTER_ALLOCATOR(DeviceType::PrivateUse1, g_allocator);

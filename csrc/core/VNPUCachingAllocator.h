@@ -27,6 +27,8 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <functional>
+
 namespace c10::vnpu::allocator {
 
 // The allocator registered for DeviceType::PrivateUse1.
@@ -38,7 +40,27 @@ void emptyCache();
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex device);
 void resetPeakStats(DeviceIndex device);
 void resetAccumulatedStats(DeviceIndex device);
-// One entry per segment, as torch.cuda.memory_snapshot()["segments"].
-std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+// Memory history and snapshots (torch.cuda.memory._record_memory_history / _snapshot): see
+// Note [Memory history] in the .cpp.
+struct SnapshotInfo {
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> segments;  // every device's, as torch.cuda's
+  std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> device_traces;  // per device, oldest first
+};
+// The segments of every device and, while history is recorded, each device's trace (the call is
+// recorded as a "snapshot" entry).
+SnapshotInfo snapshot();
+// Starts (`enabled`) or stops recording on every device: `recorder` gathers the stack of the calling
+// thread at allocations (`when` >= STATE), in the trace (>= ALLOC) and at frees (ALL); at most
+// `max_entries` trace entries per device are kept (at least 1, as CUDA), the oldest overwritten;
+// `skip_actions` has bit (1 << TraceEntry::Action) set for actions not to record. Stopping clears the trace.
+void recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder, size_t max_entries,
+                   c10::CachingDeviceAllocator::RecordContext when, bool clear_history, uint32_t skip_actions);
+bool isHistoryEnabled();
+// Called at every OutOfMemoryError (device, bytes the device was asked for, device capacity, free
+// bytes), before it is raised and without the allocator's lock, as CUDA's observers.
+using OutOfMemoryObserver =
+    std::function<void(int64_t device, int64_t alloc, int64_t device_total, int64_t device_free)>;
+void attachOutOfMemoryObserver(OutOfMemoryObserver observer);
 
 }  // namespace c10::vnpu::allocator

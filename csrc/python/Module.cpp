@@ -17,6 +17,7 @@
 #include "../ops/WorkerWarnings.h"
 #include "Interrupts.h"
 #include "Ipc.h"
+#include "MemoryHistory.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -74,39 +75,6 @@ py::dict memory_stats(c10::DeviceIndex device) {
   d["oversize_allocations"] = stat_dict(s.oversize_allocations);
   d["oversize_segments"] = stat_dict(s.oversize_segments);
   return d;
-}
-
-py::list snapshot_segments() {
-  py::list out;
-  for (const auto& seg : c10::vnpu::allocator::snapshot()) {
-    py::dict d;
-    d["device"] = seg.device;
-    d["address"] = seg.address;
-    d["total_size"] = seg.total_size;
-    d["allocated_size"] = seg.allocated_size;
-    d["active_size"] = seg.active_size;
-    d["requested_size"] = seg.requested_size;
-    d["stream"] = reinterpret_cast<uintptr_t>(seg.stream);
-    d["segment_type"] = seg.is_large ? "large" : "small";
-    d["segment_pool_id"] = py::make_tuple(0, 0);
-    d["is_expandable"] = seg.is_expandable;
-    d["frames"] = py::list();
-    py::list blocks;
-    size_t addr = seg.address;
-    for (const auto& b : seg.blocks) {
-      py::dict bd;
-      bd["address"] = addr;
-      bd["size"] = b.size;
-      bd["requested_size"] = b.requested_size;
-      bd["state"] = b.allocated ? "active_allocated" : (b.active ? "active_pending_free" : "inactive");
-      bd["frames"] = py::list();
-      blocks.append(bd);
-      addr += b.size;
-    }
-    d["blocks"] = blocks;
-    out.append(d);
-  }
-  return out;
 }
 
 // See Note [Interrupts are not failures]: a Python exception that is a
@@ -178,6 +146,11 @@ PYBIND11_MODULE(_C, m) {
     auto s = c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type));
     c10::vnpu::setCurrentVNPUStream(c10::vnpu::VNPUStream(s));
   });
+  // The vnpuStream_t of a stream as an int (torch.cuda.Stream.cuda_stream's counterpart; snapshots name it).
+  m.def("_stream_handle", [](int64_t id, c10::DeviceIndex d, int64_t type) {
+    auto s = c10::vnpu::VNPUStream(c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type)));
+    return static_cast<int64_t>(reinterpret_cast<intptr_t>(s.stream()));
+  });
   m.def("_stream_priority", [](int64_t id, c10::DeviceIndex d, int64_t type) {
     return c10::vnpu::VNPUStream(c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type))).priority();
   });
@@ -197,7 +170,6 @@ PYBIND11_MODULE(_C, m) {
   // Memory.
   m.def("_empty_cache", &c10::vnpu::allocator::emptyCache, py::call_guard<py::gil_scoped_release>());
   m.def("_memory_stats", &memory_stats);
-  m.def("_memory_snapshot", &snapshot_segments);
   m.def("_reset_peak_memory_stats", &c10::vnpu::allocator::resetPeakStats);
   m.def("_reset_accumulated_memory_stats", &c10::vnpu::allocator::resetAccumulatedStats);
   m.def("_mem_get_info", [](c10::DeviceIndex d) { return c10::vnpu::allocator::get()->getMemoryInfo(d); });
@@ -216,6 +188,8 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_host_empty_cache", [] { at::vnpu::getVNPUHostAllocator()->empty_cache(); });
+  // _record_memory_history, _memory_snapshot, _memory_snapshot_full, _attach_out_of_memory_observer.
+  torch_vnpu::bind_memory_history(m);
 
   // Random.
   m.def("_default_generator", [](c10::DeviceIndex d) {

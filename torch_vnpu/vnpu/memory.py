@@ -1,7 +1,10 @@
 """vnpu memory management (mirrors ``torch.cuda.memory``). All sizes are bytes."""
 
 import collections
-from typing import Any, Dict, Tuple
+import pickle
+import sys
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _C
 
@@ -80,7 +83,8 @@ def mem_get_info(device=None) -> Tuple[int, int]:
 
 
 def memory_snapshot() -> list:
-    """Segments and blocks of every device, in the layout of ``torch.cuda.memory_snapshot()``."""
+    """Segments and blocks of every device, in the layout of ``torch.cuda.memory_snapshot()``: the
+    ``"segments"`` of :func:`_snapshot` (with stacks while memory history is recorded)."""
     return _C._memory_snapshot()
 
 
@@ -146,3 +150,117 @@ def get_extra_copy_ops() -> Dict[str, int]:
 
 def reset_op_stats() -> None:
     _C._reset_op_stats()
+
+
+# ---- Memory history and snapshots (torch.cuda.memory's private API, same formats) ----------------
+
+
+_UNSET: Any = object()
+
+
+def _record_memory_history(
+    enabled: Optional[str] = "all",
+    context: Optional[str] = _UNSET,
+    stacks: str = _UNSET,
+    max_entries: int = _UNSET,
+    device=None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: Optional[List[str]] = None,
+    **kwargs,
+) -> None:
+    """Records the stack of every allocation, and a history of allocator events, for :func:`_snapshot`
+    (mirrors ``torch.cuda.memory._record_memory_history``; every vnpu device records).
+
+    Args:
+        enabled: ``None`` stops recording (and drops the history); ``"state"`` keeps the stack of each live
+            allocation; ``"all"`` (default) also keeps the last ``max_entries`` events (``alloc``,
+            ``free_requested``, ``free_completed``, ``segment_alloc``/``segment_free``,
+            ``segment_map``/``segment_unmap`` with expandable segments, ``oom``, ``snapshot``) per device.
+            ``True``/``False`` select CUDA's legacy signature (``record_context``, ``trace_alloc_max_entries``,
+            ``trace_alloc_record_context``, ``record_context_cpp``, ``clear_history``).
+        context: ``None`` (no stacks), ``"state"`` (live allocations), ``"alloc"`` (also allocation events),
+            ``"all"`` (default; also free events).
+        stacks: ``"python"`` (Python and TorchScript frames, from PyTorch's ``CapturedTraceback``) or ``"all"``
+            (default; also C++ frames, which make :func:`_snapshot` slower to symbolize).
+        max_entries: events kept per device (default ``sys.maxsize``), the oldest overwritten; at least 1
+            (``0`` keeps one, as CUDA).
+        clear_history: drop the events recorded so far.
+        skip_actions: event names not to record (``"alloc"``, ``"free_requested"``, ...).
+        compile_context, global_record_annotations: accepted for CUDA compatibility; vnpu records neither
+            (a warning says so when set).
+
+    Raises:
+        RuntimeError: an ``enabled``/``context``/``stacks`` value other than those above, or an unknown action
+            in ``skip_actions`` (CUDA's messages). TypeError: ``max_entries`` negative or not an int.
+    """
+    if isinstance(enabled, bool):  # CUDA's legacy signature (its positional order for the first three)
+        legacy = {"record_context": True, "trace_alloc_max_entries": 1, "trace_alloc_record_context": False,
+                  "record_context_cpp": False}
+        for name, value in zip(("record_context", "trace_alloc_max_entries", "trace_alloc_record_context"),
+                               (context, stacks, max_entries)):
+            if value is not _UNSET:
+                legacy[name] = value
+        legacy.update(kwargs)
+        _record_memory_history(
+            "all" if enabled else None,
+            context="alloc" if legacy["trace_alloc_record_context"] else (
+                "state" if legacy["record_context"] else None),
+            stacks="all" if legacy["record_context_cpp"] else "python",
+            max_entries=legacy["trace_alloc_max_entries"],
+            clear_history=clear_history,
+            skip_actions=skip_actions,
+        )
+        return
+    context = "all" if context is _UNSET else context
+    stacks = "all" if stacks is _UNSET else stacks
+    max_entries = sys.maxsize if max_entries is _UNSET else max_entries
+    if kwargs:
+        raise TypeError(f"_record_memory_history() got unexpected keyword arguments {sorted(kwargs)}")
+    if compile_context or global_record_annotations:
+        warnings.warn("torch.vnpu.memory._record_memory_history: compile_context and global_record_annotations "
+                      "are not recorded on vnpu", UserWarning, stacklevel=2)
+    from . import _lazy_init
+
+    _lazy_init()
+    _C._record_memory_history(enabled, context, stacks, max_entries, clear_history, list(skip_actions or []))
+
+
+def _snapshot(device=None, augment_with_fx_traces: bool = False) -> Dict[str, Any]:
+    """The allocator's state as ``torch.cuda.memory._snapshot()`` gives it: ``{"segments": [...],
+    "device_traces": [[...] per device], "allocator_settings": {...}}``. Segments (all devices, by address)
+    have ``device``, ``address``, ``total_size``, ``allocated_size``, ``active_size``, ``requested_size``,
+    ``stream`` (the ``torch.vnpu.Stream.vnpu_stream`` handle), ``segment_type`` ("small"/"large"),
+    ``segment_pool_id``, ``is_expandable``, ``frames`` and ``blocks`` (``address``, ``size``,
+    ``requested_size``, ``state``, ``frames``: the stack that allocated it, while history is on). Trace
+    entries have ``action``, ``addr`` (``device_free`` for ``oom``), ``size`` (bytes requested; segment
+    bytes for segment events), ``stream``, ``time_us`` and ``frames`` (with ``context`` ``"alloc"``/``"all"``).
+    Sizes are bytes; frames are ``{"filename", "line", "name"}``. Render it with
+    ``python -m torch.cuda._memory_viz trace_plot snapshot.pickle -o out.html``."""
+    s = _C._memory_snapshot_full() if _C._is_initialized() else {
+        "segments": [], "device_traces": [[] for _ in range(_C._device_count())], "allocator_settings": {}}
+    if augment_with_fx_traces:
+        from torch._utils import _augment_memory_snapshot_stack_traces
+
+        s = _augment_memory_snapshot_stack_traces(s)
+    return s
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    """Pickles :func:`_snapshot` to ``filename`` (as ``torch.cuda.memory._dump_snapshot``; pytorch.org/memory_viz
+    and ``torch.cuda._memory_viz`` read it). Raises OSError if the file cannot be written; the recorded
+    history is kept either way."""
+    s = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
+    with open(filename, "wb") as f:
+        pickle.dump(s, f)
+
+
+def _attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
+    """Calls ``observer(device, alloc, device_allocated, device_free)`` at every vnpu out-of-memory, before
+    ``torch.OutOfMemoryError`` is raised (as ``torch.cuda.memory._attach_out_of_memory_observer``): ``alloc``
+    is the bytes the device was asked for (the new segment or pages), ``device_allocated`` the device's
+    capacity (CUDA passes its total memory there too), ``device_free`` its free bytes. The observer may call
+    :func:`_dump_snapshot`; an exception it raises replaces the OutOfMemoryError. Observers stay attached for
+    the life of the process. Raises TypeError if ``observer`` is not callable."""
+    _C._attach_out_of_memory_observer(observer)

@@ -31,6 +31,12 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=torch.device("vnpu", _device_index(device)), priority=priority)
 
     @property
+    def vnpu_stream(self) -> int:
+        """The runtime's ``vnpuStream_t`` of this stream as an int (``torch.cuda.Stream.cuda_stream``'s
+        counterpart); memory snapshots name streams by it."""
+        return _C._stream_handle(self.stream_id, self.device_index, self.device_type)
+
+    @property
     def priority(self) -> int:
         return _C._stream_priority(self.stream_id, self.device_index, self.device_type)
 
