@@ -52,6 +52,9 @@ def _register() -> None:
     from . import multiprocessing
 
     multiprocessing._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
+    from .integrations import _autoload
+
+    _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
 
 
 _register()
