@@ -11,5 +11,5 @@ adapter was not tested with is left alone, with one warning naming the version.
 ``torch_vnpu.integrations.huggingface``: accelerate / transformers / peft device selection, safetensors device
 strings (``docs/huggingface.md``).
 ``torch_vnpu.integrations.lightning``: PyTorch Lightning and Fabric, ``accelerator="vnpu"`` / ``"auto"``
-(``docs/lightning.md``).
+(``docs/porting.md``, "PyTorch Lightning").
 """
