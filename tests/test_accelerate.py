@@ -17,6 +17,11 @@ import torch_vnpu.integrations.huggingface as hf_vnpu  # noqa: E402
 def test_device_selection_follows_adapter_and_cpu_flag(monkeypatch):
     monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)  # accelerate's own override would win
     AcceleratorState._reset_state(reset_partial_state=True)
+    # `import accelerate` above switched the adapter on by itself (torch_vnpu.integrations._autoload).
+    assert hf_vnpu.is_enabled() and "accelerate.state.PartialState.default_device" in hf_vnpu.patched_names()
+    assert Accelerator().device.type == "vnpu"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    hf_vnpu.disable()
     assert Accelerator().device.type == "cpu"  # accelerate 1.15 alone does not know vnpu
     AcceleratorState._reset_state(reset_partial_state=True)
     with hf_vnpu.enabled() as device:
@@ -28,6 +33,7 @@ def test_device_selection_follows_adapter_and_cpu_flag(monkeypatch):
     assert not hf_vnpu.is_enabled() and hf_vnpu.patched_names() == []
     assert Accelerator().device.type == "cpu"  # disable() restored accelerate
     AcceleratorState._reset_state(reset_partial_state=True)
+    hf_vnpu.enable()  # as the rest of the session had it
 
 
 def _train(cpu: bool, steps: int = 6):

@@ -118,7 +118,8 @@ def _prepare_backend(**kwargs):
 def test_backend_selection_under_torchrun(monkeypatch):
     """What accelerate's PartialState picks with LOCAL_RANK set (torchrun), with and without the adapter."""
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert not hf_vnpu.is_enabled()
+    assert hf_vnpu.is_enabled()  # switched on by `import accelerate` (torch_vnpu.integrations)
+    hf_vnpu.disable()
     assert _prepare_backend() == (None, DistributedType.NO)  # accelerate alone: not distributed at all
     with hf_vnpu.enabled():
         assert _prepare_backend() == ("cpu:gloo,vnpu:vccl", DistributedType.MULTI_GPU)
@@ -127,3 +128,4 @@ def test_backend_selection_under_torchrun(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK")
     with hf_vnpu.enabled():
         assert _prepare_backend() == (None, DistributedType.NO)  # one process: untouched
+    hf_vnpu.enable()  # as the rest of the session had it

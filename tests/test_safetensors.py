@@ -1,5 +1,5 @@
-"""safetensors with vnpu: saving vnpu tensors, loading onto vnpu through the opt-in HF adapter (patch 7 in
-docs/huggingface.md), and the upstream behaviour without it."""
+"""safetensors with vnpu: saving vnpu tensors, loading onto vnpu through the HF adapter (patch 7 in
+docs/huggingface.md; applied when safetensors is imported), and the upstream behaviour without it."""
 import pytest
 import torch
 from safetensors import SafetensorError
@@ -24,8 +24,10 @@ def test_save_from_vnpu_loads_on_cpu(checkpoint):
         assert out[k].dtype == v.dtype and torch.equal(out[k], v)
 
 
-def test_without_adapter_device_string_is_rejected_upstream(checkpoint):
+def test_without_adapter_device_string_is_rejected_upstream(checkpoint, monkeypatch):
     path, _ = checkpoint
+    assert st.safe_open is not safetensors._safetensors_rust.safe_open  # `import safetensors` patched it
+    monkeypatch.setattr(st, "safe_open", safetensors._safetensors_rust.safe_open)  # upstream's own
     with pytest.raises(SafetensorError, match="invalid"):
         st.load_file(path, device="vnpu")
 

@@ -21,16 +21,61 @@ __all__ = ["vnpu"]
 _BACKEND = "vnpu"
 
 
+def _check_torch_version() -> None:
+    """Refuse a torch other than the one _C was compiled against (its C++ ABI differs: the extension would
+    fail with an undefined symbol or worse)."""
+    try:
+        from ._build_info import TORCH_VERSION
+    except ImportError:  # not generated (a source tree): nothing to compare
+        return
+    if torch.__version__.split("+")[0] != TORCH_VERSION.split("+")[0]:
+        raise ImportError(
+            f"torch_vnpu was built for torch {TORCH_VERSION}, but torch {torch.__version__} is loaded "
+            f"(from {torch.__file__}). Install torch=={TORCH_VERSION.split('+')[0]} or rebuild torch_vnpu against "
+            "this torch (`pip install --no-build-isolation --no-deps .`); TORCH_DEVICE_BACKEND_AUTOLOAD=0 keeps "
+            "`import torch` from loading it."
+        )
+
+
+def _installed_copy() -> str | None:
+    """When this package is the uncompiled source tree (no _C here: Python started in the repository root puts
+    it first on sys.path), the directory of an installed torch_vnpu with _C further down sys.path, else None."""
+    import glob
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if glob.glob(os.path.join(here, "_C.*")):
+        return None
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or os.curdir), "torch_vnpu")
+        if os.path.normcase(candidate) != os.path.normcase(here) and glob.glob(os.path.join(candidate, "_C.*")) \
+                and os.path.isfile(os.path.join(candidate, "__init__.py")):
+            return candidate
+    return None
+
+
+def _use_installed(path: str) -> None:
+    """Become the installed package at ``path``: its submodules (``_C``, ``vnpu``, ...) and its own code."""
+    import os
+
+    __path__[:] = [path]
+    globals()["__file__"] = init = os.path.join(path, "__init__.py")
+    with open(init, encoding="utf-8") as f:
+        exec(compile(f.read(), init, "exec"), globals())
+
+
 def _register() -> None:
     if torch._C._get_privateuse1_backend_name() != _BACKEND:
         torch.utils.rename_privateuse1_backend(_BACKEND)
+    _check_torch_version()
     try:
         from . import _C  # noqa: F401  (registers kernels, hooks, allocators)
     except ImportError as e:
         raise ImportError(
-            f"torch_vnpu was imported from {__path__[0]}, which has no compiled extension (_C). "
-            "Install the package (`make install` or `pip install --no-build-isolation .`) and run "
-            "Python from outside the source tree, or set TORCH_DEVICE_BACKEND_AUTOLOAD=0."
+            f"torch_vnpu was imported from {__path__[0]}, which has no compiled extension (_C), and no installed "
+            "torch_vnpu was found on sys.path. Install the package (`make install` or `pip install "
+            "--no-build-isolation .`), or set TORCH_DEVICE_BACKEND_AUTOLOAD=0."
         ) from e
     from . import vnpu
 
@@ -52,6 +97,13 @@ def _register() -> None:
     from . import multiprocessing
 
     multiprocessing._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
+    from .integrations import _autoload
+
+    _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
 
 
-_register()
+_installed = _installed_copy()
+if _installed is None:
+    _register()
+else:  # the source tree shadows the installed package (Python run from the repository root): use the latter
+    _use_installed(_installed)

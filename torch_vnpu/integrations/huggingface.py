@@ -32,14 +32,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import runpy
 import sys
+import warnings
 from typing import Iterator
 
 import torch
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "patched_names"]
+
+logger = logging.getLogger("torch_vnpu.integrations")
 
 # (owner object, attribute name, original value) for every attribute enable() replaced, in order.
 _patches: list[tuple[object, str, object]] = []
@@ -51,9 +55,16 @@ def _accelerator() -> torch.device | None:
     return None if acc is None else torch.device(acc.type)
 
 
-def _set(owner: object, name: str, value: object) -> None:
+def _set(owner: object, name: str, value: object, why: str = "") -> None:
     _patches.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
     setattr(owner, name, value)
+    logger.debug("huggingface adapter: patched %s%s", _qualname(owner, name), f": {why}" if why else "")
+
+
+def _qualname(owner: object, name: str) -> str:
+    qual = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)
+    module = getattr(owner, "__module__", None)
+    return f"{module}.{qual}.{name}" if isinstance(owner, type) or callable(owner) else f"{qual}.{name}"
 
 
 def _patch_accelerate(device_type: str) -> None:
@@ -74,7 +85,7 @@ def _patch_accelerate(device_type: str) -> None:
                 return acc
         return device
 
-    _set(accelerate.state.PartialState, "default_device", property(default_device))
+    _set(accelerate.state.PartialState, "default_device", property(default_device), "1, cpu fallback -> accelerator")
 
     # 2. fp16 mixed precision: Accelerator.__init__ rejects any device outside an inline tuple constant
     #    ("xpu", "cuda", "npu", ...). Add the accelerator's type to that constant, nothing else.
@@ -89,7 +100,7 @@ def _patch_accelerate(device_type: str) -> None:
         )
     if device_type not in allow_lists[0]:
         consts = tuple(c + (device_type,) if c is allow_lists[0] else c for c in code.co_consts)
-        _set(init, "__code__", code.replace(co_consts=consts))
+        _set(init, "__code__", code.replace(co_consts=consts), f"2, {device_type} in the fp16 device list")
 
     # 3. fp16 GradScaler: get_grad_scaler() returns a CUDA GradScaler for any device it does not list (FSDP2 does
     #    not use it: accelerate makes GradScaler(device.type) itself).
@@ -103,7 +114,7 @@ def _patch_accelerate(device_type: str) -> None:
         return orig_scaler(distributed_type, **kwargs)
 
     for module in (accelerate.utils.modeling, accelerate.utils, accelerate.accelerator):
-        _set(module, "get_grad_scaler", get_grad_scaler)
+        _set(module, "get_grad_scaler", get_grad_scaler, f"3, GradScaler({device_type!r})")
 
     _patch_accelerate_multiprocess(device_type)
 
@@ -135,7 +146,7 @@ def _patch_accelerate_multiprocess(device_type: str) -> None:
             return backend or f"cpu:gloo,{device_type}:vccl", DistributedType.MULTI_GPU
         return backend_out, distributed_type
 
-    _set(state_cls, "_prepare_backend", _prepare_backend)
+    _set(state_cls, "_prepare_backend", _prepare_backend, f"8, LOCAL_RANK -> cpu:gloo,{device_type}:vccl")
 
     # 9. Device placement: set_device() maps MULTI_GPU to torch.cuda. For the MULTI_GPU state of patch 8
     #    (no CUDA), use the accelerator's device <local rank mod device count>, as accelerate does for cuda.
@@ -155,7 +166,7 @@ def _patch_accelerate_multiprocess(device_type: str) -> None:
             return
         orig_set_device(self)
 
-    _set(state_cls, "set_device", set_device)
+    _set(state_cls, "set_device", set_device, f"9, MULTI_GPU -> {device_type}:<local rank>")
 
 
 def _patch_transformers(device_type: str) -> None:
@@ -183,7 +194,7 @@ def _patch_transformers(device_type: str) -> None:
     _setup_devices.__doc__ = orig_setup.__doc__
     prop = functools.cached_property(_setup_devices)
     prop.__set_name__(ta.TrainingArguments, "_setup_devices")
-    _set(ta.TrainingArguments, "_setup_devices", prop)
+    _set(ta.TrainingArguments, "_setup_devices", prop, "4, single-process device from accelerate")
 
     # 5. bf16: TrainingArguments(bf16=True) asks is_torch_bf16_gpu_available(), which knows listed devices only.
     orig_bf16 = ta.is_torch_bf16_gpu_available
@@ -195,7 +206,7 @@ def _patch_transformers(device_type: str) -> None:
         module = getattr(torch, device_type, None)
         return _accelerator() is not None and bool(getattr(module, "is_bf16_supported", lambda: False)())
 
-    _set(ta, "is_torch_bf16_gpu_available", is_torch_bf16_gpu_available)
+    _set(ta, "is_torch_bf16_gpu_available", is_torch_bf16_gpu_available, f"5, bf16 on {device_type}")
 
 
 def _patch_peft() -> None:
@@ -213,7 +224,7 @@ def _patch_peft() -> None:
         return acc.type if device == "cpu" and acc is not None else device
 
     for module in (peft.utils.other, peft.utils, peft.peft_model):
-        _set(module, "infer_device", infer_device)
+        _set(module, "infer_device", infer_device, "6, cpu fallback -> accelerator")
 
 
 def _safetensors_device(device: object, device_type: str) -> object:
@@ -239,15 +250,15 @@ def _patch_safetensors(device_type: str) -> None:
     def safe_open(filename, framework, device="cpu", *args, **kwargs):
         return orig_open(filename, framework, _safetensors_device(device, device_type), *args, **kwargs)
 
-    _set(safetensors, "safe_open", safe_open)
-    _set(safetensors.torch, "safe_open", safe_open)  # safetensors.torch.load_file calls this name
+    _set(safetensors, "safe_open", safe_open, f"7, device={device_type!r} -> index")
+    _set(safetensors.torch, "safe_open", safe_open, "7")  # safetensors.torch.load_file calls this name
     # Modules that imported the name before enable() (transformers.modeling_utils, accelerate.utils.modeling,
     # ...); later imports pick up the patched name.
     for name, module in list(sys.modules.items()):
         if name.startswith(("safetensors", "torch")) or module is None:
             continue
         if getattr(module, "__dict__", {}).get("safe_open") is orig_open:  # no lazy-module __getattr__
-            _set(module, "safe_open", safe_open)
+            _set(module, "safe_open", safe_open, "7")
 
 
 def _installed(name: str) -> bool:
@@ -256,14 +267,84 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+# The library versions this adapter was written and tested against (major.minor). Switched on automatically,
+# it leaves any other version alone (with one warning); an explicit enable() patches it anyway.
+TESTED_VERSIONS = {"accelerate": "1.15", "transformers": "5.17", "peft": "0.21", "safetensors": "0.8"}
+
+# Part (library) -> the function patching it; applied parts and the patches each made.
+_PARTS = {
+    "accelerate": lambda t: _patch_accelerate(t),
+    "transformers": lambda t: _patch_transformers(t),
+    "peft": lambda t: _patch_peft(),
+    "safetensors": lambda t: _patch_safetensors(t),
+}
+_applied: dict[str, int] = {}  # part -> index of its first patch in _patches
+_mode = "auto"  # "auto": parts are patched when imported; "on": enable() was called; "off": disable() was called
+_warned: set[str] = set()
+
+
+def _version(part: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(part)
+    except importlib.metadata.PackageNotFoundError:
+        return getattr(sys.modules.get(part), "__version__", "unknown")
+
+
+def _apply(part: str, device_type: str) -> None:
+    """Patch one library (idempotent); on an error undo that library's patches and re-raise."""
+    if part in _applied:
+        return
+    start = len(_patches)
+    try:
+        _PARTS[part](device_type)
+    except BaseException:
+        while len(_patches) > start:
+            owner, name, original = _patches.pop()
+            setattr(owner, name, original)
+        raise
+    _applied[part] = start
+
+
+def _on_import(module_name: str) -> None:
+    """Called by torch_vnpu.integrations._autoload when ``module_name`` (accelerate, transformers.training_args,
+    peft, safetensors) finished importing: patch that library if its version is one this adapter knows."""
+    part = module_name.split(".", 1)[0]
+    acc = _accelerator()
+    if _mode == "off" or acc is None:
+        return
+    if part == "transformers" and not _installed("accelerate"):
+        return
+    version = _version(part)
+    tested = TESTED_VERSIONS[part]
+    if version != tested and not version.startswith(tested + "."):
+        if part not in _warned:
+            _warned.add(part)
+            warnings.warn(
+                f"torch_vnpu: {part} {version} is not a version the vnpu adapter knows (tested: {tested}.x); "
+                f"{part} is left as it is and will not pick vnpu by itself. Call "
+                "torch_vnpu.integrations.huggingface.enable() to patch it anyway, or set "
+                "VNPU_INTEGRATIONS=-huggingface to silence this.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return
+    _apply(part, acc.type)
+
+
 def enable() -> torch.device:
     """Make accelerate, transformers and peft (those installed) fall back to the current accelerator (under
     torchrun: one process per device, collectives over vccl), and safetensors accept ``device="vnpu[:i]"``.
 
+    Not needed in general: each library is patched when it is first imported (``VNPU_INTEGRATIONS``, see
+    ``torch_vnpu.integrations``); ``enable()`` imports and patches every installed one now, whatever
+    ``VNPU_INTEGRATIONS`` says and whatever their versions are (a version other than ``TESTED_VERSIONS``
+    is patched when its code has the expected shape).
+
     Idempotent. Returns the accelerator device (e.g. ``device(type='vnpu')``). Patches only
     process-global Python attributes of the installed libraries (listed by :func:`patched_names`) and
-    :func:`disable` restores them; it sets no environment variable, so child processes are not affected
-    (use ``python -m torch_vnpu.integrations.huggingface script.py`` for those). Call it before the first
+    :func:`disable` restores them; it sets no environment variable. Call it before the first
     ``Accelerator``, ``PartialState`` or ``TrainingArguments.device``: accelerate keeps its device in a
     process-wide shared state once created.
 
@@ -272,32 +353,36 @@ def enable() -> torch.device:
             accelerate's code no longer has the shape this adapter patches (unsupported version); in the
             latter case nothing stays patched.
     """
+    global _mode
     acc = _accelerator()
     if acc is None:
         raise RuntimeError("torch_vnpu.integrations.huggingface.enable(): no accelerator is available")
-    if _patches:
-        return acc
     try:
         if _installed("accelerate"):
-            _patch_accelerate(acc.type)
+            _apply("accelerate", acc.type)
             if _installed("transformers"):
-                _patch_transformers(acc.type)
+                _apply("transformers", acc.type)
         if _installed("peft"):
-            _patch_peft()
+            _apply("peft", acc.type)
         if _installed("safetensors"):
-            _patch_safetensors(acc.type)
+            _apply("safetensors", acc.type)
     except BaseException:
         disable()
         raise
+    _mode = "on"
     return acc
 
 
 def disable() -> None:
-    """Undo :func:`enable` (no-op if not enabled). Devices already chosen by live objects stay as they are;
-    reset accelerate's shared state (``AcceleratorState._reset_state(True)``) to re-detect."""
+    """Undo :func:`enable` and the automatic patches (no-op if none), and stop patching libraries imported
+    later (until :func:`enable`). Devices already chosen by live objects stay as they are; reset accelerate's
+    shared state (``AcceleratorState._reset_state(True)``) to re-detect."""
+    global _mode
     while _patches:
         owner, name, original = _patches.pop()
         setattr(owner, name, original)
+    _applied.clear()
+    _mode = "off"
 
 
 def is_enabled() -> bool:
@@ -307,24 +392,21 @@ def is_enabled() -> bool:
 
 def patched_names() -> list[str]:
     """Qualified names of the attributes :func:`enable` replaced (empty when not enabled)."""
-    names = []
-    for owner, name, _ in _patches:
-        qual = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", type(owner).__name__)
-        module = getattr(owner, "__module__", None)
-        names.append(f"{module}.{qual}.{name}" if isinstance(owner, type) or callable(owner) else f"{qual}.{name}")
-    return names
+    return [_qualname(owner, name) for owner, name, _ in _patches]
 
 
 @contextlib.contextmanager
 def enabled() -> Iterator[torch.device]:
     """Context manager form: :func:`enable` on entry, :func:`disable` on exit if it was not enabled before."""
-    was = is_enabled()
+    global _mode
+    was, mode = is_enabled(), _mode
     device = enable()
     try:
         yield device
     finally:
         if not was:
             disable()
+            _mode = mode
 
 
 def main(argv: list[str] | None = None) -> None:

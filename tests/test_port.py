@@ -1,0 +1,164 @@
+"""Port mode (torch_vnpu.port): CUDA scripts run unedited on vnpu, against the same scripts on the CPU.
+
+The scripts in port_scripts/ are written for CUDA; each runs in a fresh interpreter under
+``python -m torch_vnpu.port.run`` and once on the CPU (their own --device=cpu / --no-cuda / --cpu switch)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from torch_vnpu.port import check
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "port_scripts")
+
+
+def _run(args: list[str], tmp_path, env: dict | None = None, expect_ok: bool = True, timeout: float = 300):
+    full_env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore::FutureWarning", **(env or {}))
+    proc = subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(tmp_path))
+    if expect_ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _script(name, tmp_path, port: bool, *args) -> dict:
+    out = tmp_path / f"{name}-{'port' if port else 'cpu'}-{len(os.listdir(tmp_path))}.json"
+    cmd = (["-m", "torch_vnpu.port.run"] if port else []) + [os.path.join(SCRIPTS, name), *args]
+    if name == "nanogpt_cuda.py":
+        cmd.append(f"--out={out}")
+    else:
+        cmd += ["--out", str(out)]
+    _run(cmd, tmp_path)
+    return json.loads(out.read_text())
+
+
+def test_nanogpt_style_loop_fp32_matches_cpu(tmp_path):
+    cpu = _script("nanogpt_cuda.py", tmp_path, False, "--device=cpu")
+    port = _script("nanogpt_cuda.py", tmp_path, True, "--dtype=float32")
+    assert cpu["device_type"] == "cpu" and cpu["param_devices"] == ["cpu"] and not cpu["fused"]
+    # The script's own CUDA branches ran: pinned batches, fused AdamW, on vnpu.
+    assert port["device_type"] == "cuda" and port["cuda_available"]
+    assert port["param_devices"] == ["vnpu"] and port["x_device"] == "vnpu:0" and not port["x_is_cuda"]
+    assert port["pinned"] and port["fused"] and port["max_memory_allocated"] > 0
+    assert port["logits_dtype"] == "torch.float32"
+    # fused AdamW (vnpu) vs the for-loop AdamW (CPU): same math, another summation order.
+    torch.testing.assert_close(torch.tensor(port["losses"]), torch.tensor(cpu["losses"]), rtol=1e-5, atol=0)
+    assert port["losses"][-1] < port["losses"][0]
+
+
+def test_nanogpt_style_loop_amp_bf16_and_fp16_scaler(tmp_path):
+    cpu = _script("nanogpt_cuda.py", tmp_path, False, "--device=cpu")
+    bf16 = _script("nanogpt_cuda.py", tmp_path, True)  # dtype from torch.cuda.is_bf16_supported()
+    fp16 = _script("nanogpt_cuda.py", tmp_path, True, "--dtype=float16")
+    assert bf16["dtype"] == "bfloat16" and bf16["logits_dtype"] == "torch.bfloat16" and not bf16["scaler_enabled"]
+    assert fp16["logits_dtype"] == "torch.float16"
+    assert fp16["scaler_enabled"] and fp16["scaler_device"] == "vnpu" and fp16["scale"] > 0
+    for run in (bf16, fp16):
+        assert run["fused"] and run["pinned"] and run["param_devices"] == ["vnpu"]
+        # AMP vs fp32: bf16 has 8 mantissa bits; losses (~4.2) within 2%.
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(cpu["losses"]), rtol=2e-2, atol=0)
+
+
+def test_mnist_style_script_matches_cpu(tmp_path):
+    pytest.importorskip("sklearn")
+    # Without dropout the runs are comparable step by step: the dropout masks of a vnpu run come from the vnpu
+    # generator (as a CUDA run's from the CUDA generator), which the CPU run does not share.
+    cpu = _script("mnist_cuda.py", tmp_path, False, "--no-cuda", "--dropout", "0")
+    port = _script("mnist_cuda.py", tmp_path, True, "--dropout", "0")
+    assert not cpu["use_cuda"] and port["use_cuda"]
+    assert port["param_devices"] == ["vnpu"] and port["pinned_batches"] and port["pin_memory_device"] == "vnpu"
+    assert port["losses"] == cpu["losses"]  # fp32, same kernels: bitwise
+    assert port["tests"] == cpu["tests"]
+    with_dropout = _script("mnist_cuda.py", tmp_path, True)
+    assert with_dropout["param_devices"] == ["vnpu"]
+    for run in (port, with_dropout):
+        assert run["tests"][-1][1] > 0.8 * 397  # it learned: > 80% of the 397 held-out digits
+
+
+def test_hf_trainer_script_matches_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    cpu = _script("hf_trainer_cuda.py", tmp_path, False, "--cpu", "--output-dir", str(tmp_path / "c"))
+    port = _script("hf_trainer_cuda.py", tmp_path, True, "--output-dir", str(tmp_path / "p"))
+    assert cpu["args_device"] == "cpu" and port["args_device"].startswith("vnpu")
+    assert port["param_devices"] == ["vnpu"] and port["generated_device"] == "vnpu:0"
+    torch.testing.assert_close(torch.tensor(port["losses"]), torch.tensor(cpu["losses"]), rtol=1e-5, atol=0)
+    assert port["generated"] == cpu["generated"]
+
+
+def test_port_mode_mappings_in_process(tmp_path):
+    code = """
+        import json, torch
+        import torch_vnpu.port.cuda as port
+        facts = {}
+        facts["factory"] = torch.ones(2, device="cuda:1").device.type + str(torch.ones(2, device="cuda:1").device.index)
+        facts["device_obj"] = torch.zeros(1, device=torch.device("cuda")).device.type
+        facts["to"] = torch.ones(1).to("cuda").device.type
+        facts["to_obj"] = torch.ones(1).to(torch.device("cuda", 1)).device.index
+        facts["tensor_cuda"] = str(torch.ones(1).cuda(1).device)
+        facts["module_cuda"] = next(torch.nn.Linear(2, 2).cuda().parameters()).device.type
+        facts["module_to"] = next(torch.nn.Linear(2, 2).to("cuda").parameters()).device.type
+        facts["like"] = torch.empty_like(torch.ones(1), device="cuda").device.type
+        facts["count"] = torch.cuda.device_count() == torch.vnpu.device_count()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = torch.ones(3, device="cuda") * 2
+        torch.cuda.synchronize()
+        facts["stream"] = s.device.type
+        torch.cuda.manual_seed(3); a = torch.randn(3, device="cuda")
+        torch.cuda.manual_seed(3); b = torch.randn(3, device="cuda")
+        facts["seed"] = bool((a == b).all())
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            facts["autocast"] = str((torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")).dtype)
+        with torch.cuda.amp.autocast(dtype=torch.float16):
+            facts["cuda_amp_autocast"] = str(torch.nn.functional.linear(torch.ones(2, 2).cuda(), torch.ones(2, 2).cuda()).dtype)
+        facts["scaler"] = torch.amp.GradScaler("cuda")._device
+        torch.save(torch.arange(3), "t.pt")
+        facts["load"] = torch.load("t.pt", map_location="cuda").device.type
+        facts["alloc"] = torch.cuda.memory_allocated() == torch.vnpu.memory_allocated() > 0
+        facts["string_compare"] = torch.ones(1, device="cuda").device.type == "cuda"
+        facts["torch_internal_sees_real_cuda"] = torch.cuda.amp.common.amp_definitely_not_available()
+        print(json.dumps(facts))
+    """
+    proc = _run(["-c", textwrap.dedent(code)], tmp_path)
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts == {
+        "factory": "vnpu1", "device_obj": "vnpu", "to": "vnpu", "to_obj": 1, "tensor_cuda": "vnpu:1",
+        "module_cuda": "vnpu", "module_to": "vnpu", "like": "vnpu", "count": True, "stream": "vnpu", "seed": True,
+        "autocast": "torch.bfloat16", "cuda_amp_autocast": "torch.float16", "scaler": "vnpu", "load": "vnpu",
+        "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True,
+    }
+
+
+def test_port_mode_refuses_to_start_without_vnpu(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import torch\nprint('RAN', torch.ones(1, device='cuda'))\n")
+    proc = _run(["-m", "torch_vnpu.port.run", str(script)], tmp_path, env={"VNPU_VISIBLE_DEVICES": ""},
+                expect_ok=False)
+    assert proc.returncode == 1 and "RAN" not in proc.stdout
+    assert "no vnpu device is available" in proc.stderr and "CPU" in proc.stderr
+    proc = _run(["-c", "import torch_vnpu.port.cuda"], tmp_path, env={"VNPU_VISIBLE_DEVICES": ""}, expect_ok=False)
+    assert proc.returncode == 1 and "RuntimeError: torch_vnpu port mode: no vnpu device is available" in proc.stderr
+
+
+def test_check_lists_cuda_calls_with_replacements(tmp_path):
+    findings = check.check_source(open(os.path.join(SCRIPTS, "nanogpt_cuda.py")).read(), "nanogpt_cuda.py")
+    text = "\n".join(map(str, findings))
+    lines = {f.line for f in findings}
+    src = open(os.path.join(SCRIPTS, "nanogpt_cuda.py")).read().splitlines()
+    expected = {i + 1 for i, l in enumerate(src) if "cuda" in l and not l.lstrip().startswith(("#", '"""'))
+                and "dtype ==" not in l and i > 10}
+    assert expected <= lines, (expected - lines, text)
+    assert "torch.amp.GradScaler(device.type)" in text and "torch.get_device_module(device).is_bf16_supported()" in text
+    assert "torch.accelerator.is_available()" in text and "torch.accelerator.synchronize()" in text
+    assert "a string compare with 'cuda'" in text and "cuDNN/CUDA setting" in text
+    mnist = check.check_source("x = data.cuda()\ny = torch.device('cuda:1')\nz = torch.cuda.Stream()\n", "m.py")
+    assert [(f.line, f.replacement.split()[0]) for f in mnist] == [
+        (1, ".to(device)"), (2, "torch.accelerator.current_accelerator()"), (3, "torch.Stream(device)")]
+    assert check.check_source("device = torch.accelerator.current_accelerator()\n") == []
+    proc = _run(["-m", "torch_vnpu.port.check", os.path.join(SCRIPTS, "mnist_cuda.py")], tmp_path, expect_ok=False)
+    assert proc.returncode == 1 and "mnist_cuda.py:" in proc.stdout and "hard-coded CUDA use(s) found" in proc.stdout

@@ -1,0 +1,317 @@
+"""Adapter: PyTorch Lightning (``lightning.pytorch`` / ``pytorch_lightning``) and Lightning Fabric
+(``lightning.fabric`` / ``lightning_fabric``) train on vnpu.
+
+Switched on when Lightning is imported (``torch_vnpu.integrations``; ``VNPU_INTEGRATIONS=-lightning`` turns it
+off), or explicitly with :func:`enable`. Written and tested against lightning 2.6 (``TESTED_VERSION``); another
+version is left alone with one warning. What it does, for both the Trainer and Fabric:
+
+1. registers ``VNPUAccelerator`` as ``"vnpu"`` in Lightning's accelerator registry, so ``accelerator="vnpu"``
+   and ``devices=N`` / ``devices=[i, j]`` / ``devices="0,1"`` / ``devices=-1`` work (like ``CUDAAccelerator``);
+2. ``accelerator="auto"`` (the default) picks ``"vnpu"`` where Lightning would end in ``"cpu"``;
+   ``devices="auto"`` is one vnpu device (all vnpu devices share the host CPU; ask for more with ``devices=N``);
+3. one device: Lightning's connectors only put a single-device run on the device for CUDA/MPS and otherwise
+   on the CPU: for vnpu the ``SingleDeviceStrategy`` gets ``vnpu:<i>``;
+4. ``precision="16-mixed"`` / ``"bf16-mixed"``: Lightning makes ``MixedPrecision(device="cuda")`` for any
+   accelerator but cpu/mps (autocast and GradScaler disabled without CUDA): for vnpu it is
+   ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16).
+
+Several devices use Lightning's ``"ddp"`` strategies; the process-group backend Lightning picks from
+``torch.distributed.Backend.default_device_backend_map`` is vccl for vnpu.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import warnings
+
+import torch
+
+__all__ = ["enable", "disable", "is_enabled", "patched_names", "TESTED_VERSION"]
+
+logger = logging.getLogger("torch_vnpu.integrations")
+
+TESTED_VERSION = "2.6"
+_DEVICE = "vnpu"
+
+# (fabric package, trainer package or None): the unified ``lightning`` package and the standalone ones.
+_FLAVOURS = {
+    "lightning.fabric": ("lightning.fabric", None),
+    "lightning_fabric": ("lightning_fabric", None),
+    "lightning.pytorch": ("lightning.fabric", "lightning.pytorch"),
+    "pytorch_lightning": ("lightning_fabric", "pytorch_lightning"),
+}
+
+_patches: list[tuple[object, str, object, bool]] = []  # (owner, name, original, owner had it in __dict__)
+_registered: list[tuple[object, str]] = []  # (registry, name)
+_applied: set[str] = set()
+_accelerator_classes: list[type] = []
+_mode = "auto"
+_warned = False
+
+
+def _set(owner: object, name: str, value: object, why: str) -> None:
+    had = name in vars(owner)
+    _patches.append((owner, name, vars(owner)[name] if had else getattr(owner, name, None), had))
+    setattr(owner, name, value)
+    logger.debug("lightning adapter: patched %s.%s.%s: %s", owner.__module__, owner.__qualname__, name, why)
+
+
+def _parse_devices(devices, error: type[Exception]) -> list[int] | None:
+    """Lightning's ``devices`` argument (int, ``-1``, list of indices, ``"0,1"``, ``"2"``) -> vnpu indices."""
+    count = torch.vnpu.device_count()
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text == "-1":
+            devices = -1
+        elif "," in text:
+            devices = [int(x) for x in text.split(",") if x.strip()]
+        else:
+            devices = int(text)
+    if devices == -1:
+        return list(range(count))
+    if isinstance(devices, int):
+        if devices < 0:
+            raise error(f"devices={devices}: pass a number of vnpu devices, -1 for all, or a list of indices")
+        devices = list(range(devices))
+    devices = list(devices)
+    if not devices:
+        return None
+    bad = [i for i in devices if not 0 <= int(i) < count]
+    if bad or len(devices) > count:
+        raise error(
+            f"devices={devices}: {count} vnpu device(s) are visible (indices 0..{count - 1}); set "
+            "VNPU_DEVICE_COUNT for more"
+        )
+    return [int(i) for i in devices]
+
+
+def _make_accelerator(base: type, error: type[Exception], trainer: bool) -> type:
+    """A Lightning ``Accelerator`` subclass for vnpu on the given Fabric or Trainer base class."""
+
+    class VNPUAccelerator(base):
+        """Accelerator for vnpu devices (mirrors Lightning's ``CUDAAccelerator``)."""
+
+        def setup_device(self, device: torch.device) -> None:
+            if device.type != _DEVICE:
+                raise error(f"Device should be vnpu, got {device} instead")
+            torch.vnpu.set_device(device)
+
+        def teardown(self) -> None:
+            pass
+
+        @staticmethod
+        def parse_devices(devices):
+            return _parse_devices(devices, error)
+
+        @staticmethod
+        def get_parallel_devices(devices):
+            return [torch.device(_DEVICE, i) for i in devices]
+
+        @staticmethod
+        def auto_device_count() -> int:
+            return 1  # every vnpu device shares the host CPU: more processes do not train faster
+
+        @staticmethod
+        def is_available() -> bool:
+            return torch.vnpu.is_available()
+
+        @staticmethod
+        def name() -> str:
+            return _DEVICE
+
+        @classmethod
+        def register_accelerators(cls, accelerator_registry) -> None:
+            accelerator_registry.register(cls.name(), cls, description=cls.__name__)
+
+        if trainer:
+
+            def get_device_stats(self, device) -> dict:
+                """``torch.vnpu.memory_stats(device)``, as CUDAAccelerator returns ``torch.cuda.memory_stats``."""
+                return torch.vnpu.memory_stats(device)
+
+    VNPUAccelerator.__module__ = __name__
+    return VNPUAccelerator
+
+
+def _is_vnpu(flag) -> bool:
+    return flag == _DEVICE or isinstance(flag, tuple(_accelerator_classes))
+
+
+def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool) -> None:
+    # 2. accelerator="auto": the connector's own choice ends in "cpu" for anything but TPU/MPS/CUDA.
+    orig_auto = cls.__dict__["_choose_auto_accelerator"]
+
+    @functools.wraps(orig_auto.__func__)
+    def _choose_auto_accelerator(*args) -> str:
+        chosen = orig_auto.__func__(*args)
+        return _DEVICE if chosen == "cpu" and torch.vnpu.is_available() else chosen
+
+    _set(cls, "_choose_auto_accelerator", staticmethod(_choose_auto_accelerator), "2, auto -> vnpu")
+
+    # 3. One device: SingleDeviceStrategy(device="cpu") for any accelerator but CUDA/MPS.
+    orig_strategy = cls.__dict__["_choose_strategy"]
+
+    @functools.wraps(orig_strategy)
+    def _choose_strategy(self):
+        strategy = orig_strategy(self)
+        if (
+            _is_vnpu(self._accelerator_flag)
+            and isinstance(strategy, strategies.SingleDeviceStrategy)
+            and strategy.root_device.type == "cpu"
+        ):
+            devices = self._parallel_devices
+            return strategies.SingleDeviceStrategy(device=devices[0] if devices else torch.device(_DEVICE, 0))
+        return strategy
+
+    _set(cls, "_choose_strategy", _choose_strategy, "3, single device -> vnpu:<i>")
+
+    # 4. Mixed precision: MixedPrecision(device="cuda") for any accelerator but cpu/mps.
+    orig_precision = cls.__dict__["_check_and_init_precision"]
+    flag_name, instance_name = ("_precision_flag", "_precision_plugin_flag") if trainer else (
+        "_precision_input", "_precision_instance")
+
+    @functools.wraps(orig_precision)
+    def _check_and_init_precision(self):
+        precision = getattr(self, flag_name)
+        if (
+            _is_vnpu(self._accelerator_flag)
+            and precision in ("16-mixed", "bf16-mixed")
+            and not isinstance(getattr(self, instance_name), precision_base)
+            and type(self.strategy).__name__ in ("SingleDeviceStrategy", "DDPStrategy")
+        ):
+            if trainer:
+                self._validate_precision_choice()
+            return mixed_precision(precision, _DEVICE)
+        return orig_precision(self)
+
+    _set(cls, "_check_and_init_precision", _check_and_init_precision, "4, MixedPrecision(device='vnpu')")
+
+
+def _patch_fabric(fabric: str) -> None:
+    accelerators = importlib.import_module(f"{fabric}.accelerators")
+    connector = importlib.import_module(f"{fabric}.connector")
+    strategies = importlib.import_module(f"{fabric}.strategies")
+    precision = importlib.import_module(f"{fabric}.plugins.precision")
+    acc = _make_accelerator(accelerators.Accelerator, ValueError, trainer=False)
+    _accelerator_classes.append(acc)
+    _register(accelerators.ACCELERATOR_REGISTRY, acc)
+    _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False)
+
+
+def _patch_trainer(pl: str) -> None:
+    accelerators = importlib.import_module(f"{pl}.accelerators")
+    connector = importlib.import_module(f"{pl}.trainer.connectors.accelerator_connector")
+    strategies = importlib.import_module(f"{pl}.strategies")
+    precision = importlib.import_module(f"{pl}.plugins.precision")
+    error = importlib.import_module(f"{pl}.utilities.exceptions").MisconfigurationException
+    acc = _make_accelerator(accelerators.Accelerator, error, trainer=True)
+    _accelerator_classes.append(acc)
+    _register(accelerators.AcceleratorRegistry, acc)
+    _patch_connector(connector._AcceleratorConnector, strategies, precision.MixedPrecision, precision.Precision,
+                     trainer=True)
+
+
+def _register(registry, acc: type) -> None:
+    # 1. accelerator="vnpu".
+    if _DEVICE not in registry:
+        acc.register_accelerators(registry)
+        _registered.append((registry, _DEVICE))
+        logger.debug("lightning adapter: registered %s as %r in %s", acc.__qualname__, _DEVICE, type(registry))
+
+
+def _apply(name: str) -> None:
+    fabric, pl = _FLAVOURS[name]
+    for part, patch in ((fabric, _patch_fabric), (pl, _patch_trainer)):
+        if part is None or part in _applied:
+            continue
+        start, reg_start, acc_start = len(_patches), len(_registered), len(_accelerator_classes)
+        try:
+            patch(part)
+        except BaseException:
+            _undo(start, reg_start, acc_start)
+            raise
+        _applied.add(part)
+
+
+def _undo(start: int = 0, reg_start: int = 0, acc_start: int = 0) -> None:
+    while len(_patches) > start:
+        owner, name, original, had = _patches.pop()
+        if had:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+    while len(_registered) > reg_start:
+        registry, name = _registered.pop()
+        registry.pop(name, None)
+    del _accelerator_classes[acc_start:]
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    for dist in ("lightning", "pytorch-lightning", "lightning-fabric"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _on_import(module_name: str) -> None:
+    """Called by ``torch_vnpu.integrations._autoload`` when a Lightning package finished importing."""
+    global _warned
+    if _mode == "off" or not torch.vnpu.is_available():
+        return
+    version = _version()
+    if version != TESTED_VERSION and not version.startswith(TESTED_VERSION + "."):
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                f"torch_vnpu: lightning {version} is not a version the vnpu adapter knows (tested: "
+                f"{TESTED_VERSION}.x); Lightning is left as it is (accelerator='vnpu' is unknown to it). Call "
+                "torch_vnpu.integrations.lightning.enable() to patch it anyway, or set VNPU_INTEGRATIONS=-lightning "
+                "to silence this.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return
+    _apply(module_name)
+
+
+def enable() -> torch.device:
+    """Patch the Lightning packages imported so far and those installed (imports them). Idempotent.
+
+    Returns ``torch.device("vnpu")``. Raises ``RuntimeError`` if vnpu is not available."""
+    global _mode
+    if not torch.vnpu.is_available():
+        raise RuntimeError("torch_vnpu.integrations.lightning.enable(): vnpu is not available")
+    import importlib.util
+
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        top = name.split(".")[0]
+        if importlib.util.find_spec(top) is not None:
+            importlib.import_module(name)
+            _apply(name)
+    _mode = "on"
+    return torch.device(_DEVICE)
+
+
+def disable() -> None:
+    """Undo every patch and registration, and stop patching Lightning packages imported later."""
+    global _mode
+    _undo()
+    _applied.clear()
+    _mode = "off"
+
+
+def is_enabled() -> bool:
+    return bool(_patches)
+
+
+def patched_names() -> list[str]:
+    return [f"{o.__module__}.{o.__qualname__}.{n}" for o, n, _, _ in _patches] + [
+        f"{type(r).__name__}[{n!r}]" for r, n in _registered
+    ]
+

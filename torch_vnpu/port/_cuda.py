@@ -1,0 +1,201 @@
+"""The CUDA-to-vnpu mapping behind ``torch_vnpu.port.cuda`` (enable/disable).
+
+What it changes, process-wide, until :func:`disable`:
+
+* device arguments: a ``TorchFunctionMode`` (the mechanism of ``torch.set_default_device``) rewrites
+  ``device="cuda[:i]"`` / ``torch.device("cuda", i)`` arguments of every torch function and method, and the
+  positional device of ``Tensor.to``, into ``vnpu[:i]``. It is pushed in the thread that enables port mode
+  (torch function modes are per thread, like ``set_default_device``);
+* ``Tensor.cuda()`` / ``Module.cuda()`` (any thread), ``torch.load(map_location="cuda")``,
+  ``torch.set_default_device("cuda")``;
+* ``torch.autocast("cuda")``, ``torch.amp.autocast("cuda")``, ``torch.cuda.amp.autocast()`` autocast vnpu;
+  ``torch.amp.GradScaler("cuda")`` and ``torch.cuda.amp.GradScaler()`` are vnpu GradScalers;
+* ``torch.cuda.<name>`` functions and classes that ``torch.vnpu`` also has (is_available, device_count,
+  synchronize, memory_*, manual_seed*, is_bf16_supported, Stream, Event, stream, device, ...) answer for vnpu
+  when called from the script's code. Calls from torch itself and from the libraries that have their own
+  vnpu adapter (accelerate, transformers, peft, trl, diffusers, lightning) still see the real ``torch.cuda``:
+  torch's internals then keep using real CUDA where they check it, and the libraries pick vnpu through
+  ``torch_vnpu.integrations`` instead of taking their CUDA code paths.
+
+Tensors report ``device.type == "vnpu"`` (and ``is_cuda`` False): a script comparing a tensor's device with
+the string ``"cuda"`` sees False; its own device strings and ``torch.device("cuda")`` objects stay what they are
+(``torch.device("cuda").type == "cuda"``), and work wherever torch is given them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["enable", "disable", "is_enabled", "map_device"]
+
+_TARGET = "vnpu"
+
+# Callers (module __name__ prefixes) that see the real torch.cuda.
+_REAL_CUDA_CALLERS = (
+    "torch.",
+    "torch_vnpu",
+    "accelerate",
+    "transformers",
+    "peft",
+    "trl",
+    "diffusers",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "safetensors",
+)
+
+# torch.cuda names forwarded to torch.vnpu (when torch.vnpu has them).
+_FORWARDED = (
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "synchronize",
+    "get_device_name", "get_device_properties", "get_device_capability", "is_bf16_supported",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all", "empty_cache", "memory_allocated", "max_memory_allocated",
+    "memory_reserved", "max_memory_reserved", "memory_stats", "memory_summary", "memory_snapshot",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats", "mem_get_info",
+    "current_stream", "default_stream", "set_stream", "stream", "ipc_collect",
+)
+_CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of")
+
+_saved: list[tuple[object, str, object]] = []
+_mode: _CudaToVnpu | None = None
+
+
+def map_device(device):
+    """``"cuda"``, ``"cuda:i"``, ``torch.device("cuda"[, i])`` -> the same on vnpu; anything else unchanged."""
+    if isinstance(device, str):
+        if device == "cuda" or device.startswith("cuda:"):
+            return _TARGET + device[4:]
+    elif isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device(_TARGET, device.index)
+    return device
+
+
+class _CudaToVnpu(TorchFunctionMode):
+    """Rewrites CUDA device arguments of torch functions and tensor methods to vnpu."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None:
+                mapped = map_device(device)
+                if mapped is not device:
+                    kwargs = dict(kwargs, device=mapped)
+        if func is torch.Tensor.to and len(args) > 1:
+            args = (args[0], map_device(args[1]), *args[2:])
+        return func(*args, **(kwargs or {}))
+
+
+def _save(owner: object, name: str, value: object) -> None:
+    _saved.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def _forwarder(real, fake):
+    @functools.wraps(fake)
+    def forwarded(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith(_REAL_CUDA_CALLERS):
+            return real(*args, **kwargs)
+        return fake(*args, **kwargs)
+
+    return forwarded
+
+
+def _cuda_index(device) -> torch.device:
+    if device is None:
+        return torch.device(_TARGET, torch.vnpu.current_device())
+    if isinstance(device, int):
+        return torch.device(_TARGET, device)
+    return torch.device(map_device(device))
+
+
+def enable() -> torch.device:
+    """Switch port mode on (idempotent). Returns ``torch.device("vnpu")``.
+
+    Raises:
+        RuntimeError: vnpu is not available (``torch.vnpu.is_available()`` is False, e.g. VNPU_DEVICE_COUNT=0 or
+            VNPU_VISIBLE_DEVICES lists no device): port mode never lets a CUDA script run on the CPU.
+    """
+    global _mode
+    vnpu = getattr(torch, _TARGET, None)
+    if vnpu is None or not vnpu.is_available():
+        raise RuntimeError(
+            "torch_vnpu port mode: no vnpu device is available (torch.vnpu.is_available() is False; check "
+            "VNPU_DEVICE_COUNT / VNPU_VISIBLE_DEVICES, and that TORCH_DEVICE_BACKEND_AUTOLOAD is not 0 with "
+            "torch_vnpu not imported). Refusing to run a CUDA script: it would silently run on the CPU."
+        )
+    if _mode is not None:
+        return torch.device(_TARGET)
+    import torch.amp.autocast_mode as autocast_mode
+    import torch.amp.grad_scaler as grad_scaler
+
+    cuda = torch.cuda
+    for name in _FORWARDED:
+        if hasattr(vnpu, name) and hasattr(cuda, name):
+            _save(cuda, name, _forwarder(getattr(cuda, name), getattr(vnpu, name)))
+    for name in _CLASSES:
+        if hasattr(vnpu, name) and hasattr(cuda, name):
+            _save(cuda, name, getattr(vnpu, name))
+
+    autocast_init = autocast_mode.autocast.__init__
+
+    @functools.wraps(autocast_init)
+    def autocast___init__(self, device_type, *args, **kwargs):
+        autocast_init(self, _TARGET if device_type == "cuda" else device_type, *args, **kwargs)
+
+    _save(autocast_mode.autocast, "__init__", autocast___init__)
+
+    scaler_init = grad_scaler.GradScaler.__init__
+
+    @functools.wraps(scaler_init)
+    def grad_scaler___init__(self, device="cuda", *args, **kwargs):
+        scaler_init(self, _TARGET if device == "cuda" else device, *args, **kwargs)
+
+    _save(grad_scaler.GradScaler, "__init__", grad_scaler___init__)
+
+    def tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        """``Tensor.cuda()`` in port mode: ``Tensor.to(vnpu[:i])``."""
+        return self.to(_cuda_index(device), non_blocking=non_blocking, memory_format=memory_format)
+
+    _save(torch.Tensor, "cuda", tensor_cuda)
+
+    load = torch.load
+
+    @functools.wraps(load)
+    def port_load(*args, map_location=None, **kwargs):
+        return load(*args, map_location=map_location if callable(map_location) or isinstance(map_location, dict)
+                    else map_device(map_location), **kwargs)
+
+    _save(torch, "load", port_load)
+
+    set_default_device = torch.set_default_device
+
+    @functools.wraps(set_default_device)
+    def port_set_default_device(device):
+        set_default_device(map_device(device))
+
+    _save(torch, "set_default_device", port_set_default_device)
+
+    _mode = _CudaToVnpu()
+    _mode.__enter__()
+    return torch.device(_TARGET)
+
+
+def disable() -> None:
+    """Undo :func:`enable` (call it from the thread that enabled port mode)."""
+    global _mode
+    if _mode is not None:
+        _mode.__exit__(None, None, None)
+        _mode = None
+    while _saved:
+        owner, name, original = _saved.pop()
+        setattr(owner, name, original)
+
+
+def is_enabled() -> bool:
+    return _mode is not None
