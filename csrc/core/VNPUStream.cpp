@@ -125,6 +125,22 @@ void setCurrentVNPUStream(VNPUStream stream) {
   t_current[stream.device_index()] = stream.id();
 }
 
+StreamId streamIdOf(DeviceIndex device, vnpuStream_t s) {
+  if (device < 0 || device >= kMaxDevices) return -1;
+  vnpuStream_t def = nullptr;
+  if (vnpuGetDefaultStream(device, &def) == vnpuSuccess && def == s) return 0;
+  auto& ds = streams_of(device);
+  init_pool(device);  // once created, never changes
+  for (int i = 0; i < 2 * kStreamsPerPool; ++i) {
+    if (ds.pool[i] == s) return 1 + i;
+  }
+  std::lock_guard<std::mutex> g(ds.dedicated_mu);
+  for (size_t i = 0; i < ds.dedicated.size(); ++i) {
+    if (ds.dedicated[i] == s) return kFirstDedicatedId + static_cast<StreamId>(i);
+  }
+  return -1;
+}
+
 std::ostream& operator<<(std::ostream& os, const VNPUStream& s) { return os << s.unwrap(); }
 
 }  // namespace c10::vnpu

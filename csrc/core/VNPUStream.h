@@ -59,6 +59,10 @@ VNPUStream getCurrentVNPUStream(DeviceIndex device = -1);
 // Makes `stream` current for its device on this thread.
 void setCurrentVNPUStream(VNPUStream stream);
 
+// The StreamId of runtime stream `s` of `device` (default, pool or
+// dedicated), or -1 for a stream not made through this file.
+StreamId streamIdOf(DeviceIndex device, vnpuStream_t s);
+
 std::ostream& operator<<(std::ostream& os, const VNPUStream& s);
 
 }  // namespace c10::vnpu

@@ -4,6 +4,7 @@
 #include "../core/VNPUFunctions.h"
 #include "../ops/Executor.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -18,6 +19,10 @@ int launch_kernel(const char* name, long device, void (*run)(void*), void* args,
   std::shared_ptr<void> owned(args, destroy);
   try {
     c10::vnpu::check_device_index(static_cast<DeviceIndex>(device));
+    // The launch as an operator named after the kernel, for torch.profiler
+    // (Inductor's Triton launcher does the same on CUDA); free when no
+    // profiler is on.
+    RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
     // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
     // the fused kernels use OpenMP too.
     launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); });

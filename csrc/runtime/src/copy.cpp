@@ -49,13 +49,14 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
     std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
     if (!staged) return vnpuErrorMemoryAllocation;
     std::memcpy(staged.get(), src, count);
-    s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); });
+    s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); }, nullptr,
+              {vnpuActivityKindMemcpy, count, kind, false});
   } else if (kind == vnpuMemcpyDeviceToHost && !is_pinned(dst)) {
     auto pending = std::make_shared<PendingHostCopy>();
     s->submit("memcpy DtoH", [dst, src, count, pending] {
       std::lock_guard<std::mutex> g(pending->mu);
       if (!pending->abandoned) std::memmove(dst, src, count);
-    });
+    }, nullptr, {vnpuActivityKindMemcpy, count, kind, false});
     if (!s->wait_idle(/*interruptible=*/true)) {
       std::lock_guard<std::mutex> g(pending->mu);
       pending->abandoned = true;
@@ -67,7 +68,10 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                        : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
                        : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
                                                           : "memcpy HtoH";
-    s->submit(name, [dst, src, count] { std::memmove(dst, src, count); });
+    const bool pinned = (kind == vnpuMemcpyHostToDevice && is_pinned(src)) ||
+                        (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
+    s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
+              {vnpuActivityKindMemcpy, count, kind, pinned});
   }
   return finish(s, /*wait=*/false);
 }
@@ -85,6 +89,7 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  s->submit("memset", [dst, value, count] { std::memset(dst, value, count); });
+  s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
+            {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false});
   return finish(s, false);
 }

@@ -59,7 +59,7 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
       }
     }
     event->cv.notify_all();
-  });
+  }, {vnpuActivityKindSync});
   return vnpuSuccess;
 }
 
@@ -96,7 +96,7 @@ vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned
   s->submit("event wait", [event = event->shared_from_this(), target] {
     std::unique_lock<std::mutex> lk(event->mu);
     event->cv.wait(lk, [&] { return event->pending.count(target) == 0; });
-  });
+  }, nullptr, {vnpuActivityKindSync});
   return vnpuSuccess;
 }
 

@@ -22,6 +22,16 @@
 #include <thread>
 #include <vector>
 
+namespace vnpu::rt {
+// What a task is, for its activity record (kernels need none).
+struct TaskInfo {
+  vnpuActivityKind kind = vnpuActivityKindKernel;
+  size_t bytes = 0;
+  vnpuMemcpyKind copy_kind = vnpuMemcpyHostToHost;
+  bool host_pinned = false;
+};
+}  // namespace vnpu::rt
+
 struct vnpuStream_st {
   struct Task {
     std::string name;
@@ -29,7 +39,17 @@ struct vnpuStream_st {
     // Runs right after the task is counted complete, under `mu`, so that what it
     // publishes (an event's completion) and the stream's idleness agree.
     std::function<void()> on_complete;
+    // Activity recording (Note [Activity records], activity.cpp); set at submission.
+    vnpuActivityKind kind = vnpuActivityKindKernel;
+    vnpuMemcpyKind copy_kind = vnpuMemcpyHostToHost;
+    bool host_pinned = false;
+    bool record = false;
+    size_t bytes = 0;
+    uint64_t correlation_id = 0;
+    uint64_t host_thread = 0;
+    int64_t queued_ns = 0;
   };
+
   int device = 0;
   int priority = 0;
   bool is_default = false;
@@ -42,7 +62,8 @@ struct vnpuStream_st {
   uint64_t completed = 0;          // tasks ever finished (count)
   bool worker_started = false;
 
-  void submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr);
+  void submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr,
+              const vnpu::rt::TaskInfo& info = vnpu::rt::TaskInfo());
   // Blocks until completed == submitted at call. An interruptible wait may end
   // early (returns false) when the wait-interrupt hook asks it to.
   bool wait_idle(bool interruptible = false);
@@ -131,6 +152,15 @@ bool take_physical_locked(MemoryRegion& m, size_t n, bool contiguous,
 void give_physical_locked(MemoryRegion& m, size_t off, size_t len);
 // Waits for every stream of `device`; no error is consumed.
 bool wait_device_idle(int device, bool interruptible);
+
+// Activity records (activity.cpp). recording() is the one relaxed load a
+// submission pays when recording is off.
+extern std::atomic<bool> g_activity_on;
+inline bool recording() { return g_activity_on.load(std::memory_order_relaxed); }
+uint64_t current_correlation_id();  // top of this thread's stack, 0 if empty
+uint64_t host_thread_id();          // Linux tid of the calling thread (cached)
+int64_t activity_now_ns();
+void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns, int64_t end_ns, bool failed);
 
 // Note [Interruptible waits]
 // A host thread blocked in a synchronizing call waits in slices when a

@@ -40,8 +40,11 @@ void run_worker(vnpuStream_st* s) {
     }
     if (!task.fn) return;  // shutdown marker from vnpuStreamDestroy
     ran_since_idle = true;
+    const int64_t start_ns = task.record ? activity_now_ns() : 0;
+    bool failed = true;
     try {
       task.fn();
+      failed = false;
     } catch (const std::exception& e) {
       record_device_error(s->device, vnpuErrorLaunchFailure,
                           "vNPU kernel '" + task.name + "' failed on vnpu:" +
@@ -51,6 +54,8 @@ void run_worker(vnpuStream_st* s) {
                           "vNPU kernel '" + task.name + "' failed on vnpu:" +
                               std::to_string(s->device) + " with an unknown exception");
     }
+    // Before the task counts as complete, so a synchronize sees its record.
+    if (task.record) add_activity(s, task, start_ns, activity_now_ns(), failed);
     {
       std::lock_guard<std::mutex> lk(s->mu);
       ++s->completed;
@@ -75,14 +80,26 @@ vnpuStream_st* resolve(vnpuStream_t s) {
 
 using namespace vnpu::rt;
 
-void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete) {
+void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete,
+                           const vnpu::rt::TaskInfo& info) {
+  Task task{std::move(name), std::move(fn), std::move(on_complete)};
+  if (recording()) {  // Note [Activity records]
+    task.kind = info.kind;
+    task.bytes = info.bytes;
+    task.copy_kind = info.copy_kind;
+    task.host_pinned = info.host_pinned;
+    task.record = true;
+    task.correlation_id = current_correlation_id();
+    task.host_thread = host_thread_id();
+    task.queued_ns = activity_now_ns();
+  }
   {
     std::lock_guard<std::mutex> lk(mu);
     if (!worker_started) {
       worker_started = true;
       std::thread(run_worker, this).detach();
     }
-    queue.push_back(Task{std::move(name), std::move(fn), std::move(on_complete)});
+    queue.push_back(std::move(task));
     ++submitted;
   }
   cv_work.notify_one();
@@ -158,7 +175,7 @@ vnpuError_t vnpuStreamDestroy(vnpuStream_t stream) {
   stream->wait_idle();
   {
     std::lock_guard<std::mutex> lk(stream->mu);
-    if (stream->worker_started) stream->queue.push_back({"", nullptr, nullptr});
+    if (stream->worker_started) stream->queue.push_back(vnpuStream_st::Task{"", nullptr, nullptr});
   }
   stream->cv_work.notify_one();
   return vnpuSuccess;

@@ -44,6 +44,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 extern "C++" {
 
@@ -262,5 +264,46 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                             vnpuStream_t stream);
 vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind);
 vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream);
+
+// Activity records (a reduced CUPTI activity API, for profilers). While
+// recording is on, every task a stream runs leaves one record when it ends;
+// when off, a launch costs one relaxed atomic load more. Times are
+// steady-clock nanoseconds (std::chrono::steady_clock, the clock of
+// vnpuActivityGetTimestamp). The correlation id is the top of the launching
+// host thread's stack at submission (CUPTI's external correlation id: the
+// layer above pushes the id of the operator it runs), 0 if the stack is empty.
+enum vnpuActivityKind : int {
+  vnpuActivityKindKernel = 0,   // vnpuLaunchKernel / vnpuLaunchHostFunc
+  vnpuActivityKindMemcpy = 1,   // vnpuMemcpy[Async]
+  vnpuActivityKindMemset = 2,   // vnpuMemsetAsync
+  vnpuActivityKindSync = 3,     // vnpuEventRecord / vnpuStreamWaitEvent tasks
+};
+struct vnpuActivityRecord {
+  vnpuActivityKind kind;
+  std::string name;             // kernel name as launched; "memcpy HtoD", "memset", "event wait", ...
+  int device;
+  vnpuStream_t stream;          // the stream that ran the task (never null)
+  int64_t queued_ns;            // when the host submitted the task
+  int64_t start_ns, end_ns;     // when the stream's worker ran it
+  size_t bytes;                 // memcpy / memset size, 0 otherwise
+  vnpuMemcpyKind copy_kind;     // memcpy only
+  int host_pinned;              // memcpy: the host side is pinned memory (vnpuMallocHost)
+  uint64_t correlation_id;      // external correlation id, 0 = none
+  uint64_t host_thread;         // system id (Linux tid) of the submitting host thread
+  int failed;                   // the task threw (its error is the device's sticky error)
+};
+// Turns recording on (1) or off (0). Turning it on drops records nobody
+// flushed. Tasks submitted while on are recorded even if they run after off.
+vnpuError_t vnpuActivityEnable(int enable);
+int vnpuActivityIsEnabled();
+// Per host thread: the id at the top applies to tasks this thread submits.
+vnpuError_t vnpuActivityPushExternalCorrelationId(uint64_t id);
+// vnpuErrorInvalidValue if the stack is empty; `id` may be null.
+vnpuError_t vnpuActivityPopExternalCorrelationId(uint64_t* id);
+// Moves the records of tasks that have ended into *records (appended, in the
+// order the tasks ended).
+vnpuError_t vnpuActivityFlushAll(std::vector<vnpuActivityRecord>* records);
+// The record clock now, in nanoseconds.
+vnpuError_t vnpuActivityGetTimestamp(int64_t* ns);
 
 }  // extern "C++"

@@ -1,0 +1,235 @@
+"""torch.profiler sees vnpu work (issue 11, part 1): the Kineto plug-in fed by the runtime's activity records.
+
+The oracle is PyTorch's documented profiler behaviour on CUDA: device activities on one lane per stream, in the
+order the streams ran them, each linked to the CPU op that launched it (its "External id"), with an "ac2g" flow
+from the launch to the task; key_averages() reports their time as device_time_total of that op; misuse raises
+what CPU profiling raises.
+"""
+import json
+import os
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _trace(prof, tmp_path, name="trace.json"):
+    path = tmp_path / name
+    prof.export_chrome_trace(str(path))
+    with open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _device_events(events):
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+
+
+def _known_program():
+    """matmul on the default stream, an H2D and a D2H copy, a kernel on a side stream."""
+    a = torch.randn(64, 64, device="vnpu")
+    b = torch.randn(64, 64, device="vnpu")
+    host = torch.arange(1024, dtype=torch.float32)
+    side = torch.vnpu.Stream()
+    torch.vnpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        c = a @ b                               # aten::mm, default stream
+        d = host.to("vnpu")                     # Memcpy HtoD, default stream
+        side.wait_stream(torch.vnpu.current_stream())  # event record + wait: not device work
+        with torch.vnpu.stream(side):
+            e = d * 2                           # aten::mul, side stream
+        torch.vnpu.current_stream().wait_stream(side)
+        back = c.cpu()                          # Memcpy DtoH, default stream
+    torch.testing.assert_close(back, a.cpu() @ b.cpu())
+    torch.testing.assert_close(e.cpu(), host * 2)
+    return prof, side
+
+
+def test_known_program_device_events_lanes_order_and_correlation(tmp_path):
+    prof, side = _known_program()
+    events = _trace(prof, tmp_path)
+    dev = sorted(_device_events(events), key=lambda e: e["ts"])
+
+    # Exactly these device events, on these lanes (pid = device index, tid = StreamId).
+    by_lane = {}
+    for e in dev:
+        by_lane.setdefault((e["pid"], e["tid"]), []).append(e["name"])
+    assert by_lane == {
+        (0, 0): ["aten::mm", "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pageable)"],
+        (0, side.stream_id): ["aten::mul.Tensor"],
+    }, by_lane
+    # Stream order: tasks of one lane do not overlap and run in submission order; the side-stream kernel
+    # ran after the H2D copy it waited for, and before the D2H copy that waited for it.
+    for lane in by_lane:
+        ev = [e for e in dev if (e["pid"], e["tid"]) == lane]
+        for x, y in zip(ev, ev[1:]):
+            assert x["ts"] + x["dur"] <= y["ts"] + 1e-3
+    times = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in dev}
+    assert times["Memcpy HtoD (Pageable -> Device)"][1] <= times["aten::mul.Tensor"][0] + 1e-3
+    assert times["aten::mul.Tensor"][1] <= times["Memcpy DtoH (Device -> Pageable)"][0] + 1e-3
+
+    # Copies carry their size.
+    h2d = next(e for e in dev if e["name"].startswith("Memcpy HtoD"))
+    d2h = next(e for e in dev if e["name"].startswith("Memcpy DtoH"))
+    assert h2d["args"]["bytes"] == 1024 * 4 and d2h["args"]["bytes"] == 64 * 64 * 4
+    assert h2d["cat"] == d2h["cat"] == "gpu_memcpy"
+
+    # Correlation: each device event's External id is that of the CPU op that launched it.
+    cpu_ops = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            cpu_ops.setdefault(e["args"]["External id"], e)
+    launcher = {e["name"]: cpu_ops[e["args"]["External id"]]["name"] for e in dev}
+    assert launcher == {
+        "aten::mm": "aten::mm",
+        "Memcpy HtoD (Pageable -> Device)": "aten::copy_",
+        "aten::mul.Tensor": "aten::mul",
+        "Memcpy DtoH (Device -> Pageable)": "aten::copy_",
+    }
+    for e in dev:  # the launching op began before its task did
+        assert cpu_ops[e["args"]["External id"]]["ts"] <= e["ts"] + 1e-3
+
+    # Flow arrows: one "ac2g" flow per device event, from the launch on the host thread to the task.
+    starts = {e["id"]: e for e in events if e.get("ph") == "s" and e.get("cat") == "ac2g"}
+    ends = {e["id"]: e for e in events if e.get("ph") == "f" and e.get("cat") == "ac2g"}
+    assert len(ends) == len(dev) and set(starts) == set(ends)
+    for e in dev:
+        end = next(f for f in ends.values() if f["pid"] == e["pid"] and f["tid"] == e["tid"] and f["ts"] == e["ts"])
+        start = starts[end["id"]]
+        assert start["pid"] == os.getpid()
+        op = cpu_ops[e["args"]["External id"]]
+        assert start["tid"] == op["tid"] and op["ts"] <= start["ts"] + 1e-3 <= op["ts"] + op["dur"] + 2e-3
+
+    # Lane names: the device process and one thread per stream.
+    meta = {(e["name"], e["pid"], e.get("tid")): e["args"] for e in events if e.get("ph") == "M"}
+    assert meta[("process_name", 0, 0)]["name"] == "vnpu:0"
+    assert meta[("thread_name", 0, 0)]["name"] == "stream 0 (default)"
+    assert meta[("thread_name", 0, side.stream_id)]["name"] == f"stream {side.stream_id}"
+
+
+def test_key_averages_device_time_per_op():
+    prof, side = _known_program()
+    device_events = [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert sorted(e.name for e in device_events) == sorted(
+        ["aten::mm", "aten::mul.Tensor", "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pageable)"])
+    assert all(e.device_index == 0 for e in device_events)
+    assert {e.device_resource_id for e in device_events} == {0, side.stream_id}
+    avg = {(e.key, e.device_type): e for e in prof.key_averages()}
+    cpu = DeviceType.CPU
+    for op in ("aten::mm", "aten::mul", "aten::copy_"):
+        assert avg[(op, cpu)].device_time_total > 0, op
+        assert avg[(op, cpu)].self_device_time_total > 0, op
+    # matmul's time on the device is its mm's (self 0: it launched nothing itself).
+    assert avg[("aten::matmul", cpu)].device_time_total == pytest.approx(avg[("aten::mm", cpu)].device_time_total)
+    assert avg[("aten::matmul", cpu)].self_device_time_total == 0
+    table = prof.key_averages().table(sort_by="device_time_total", row_limit=20)
+    assert "Self VNPU" in table and "VNPU total" in table and "aten::mm" in table
+
+
+def test_record_function_range_and_nothing_recorded_without_device_activity(tmp_path):
+    x = torch.randn(32, 32, device="vnpu")
+    with profile(activities=ACTIVITIES) as prof:
+        with record_function("my_block"):
+            y = x.relu()
+    events = _trace(prof, tmp_path)
+    ranges = [e for e in events if e.get("name") == "my_block" and e.get("cat") == "user_annotation"]
+    assert len(ranges) == 1
+    relu = next(e for e in _device_events(events) if e["name"].startswith("aten::relu"))
+    assert relu["ts"] >= ranges[0]["ts"]
+    # CPU-only profiling records no device activity (and the runtime stays off).
+    with profile(activities=[ProfilerActivity.CPU]) as cpu_prof:
+        y = x.relu()
+    torch.vnpu.synchronize()
+    assert not _device_events(_trace(cpu_prof, tmp_path, "cpu.json"))
+    assert not [e for e in cpu_prof.events() if e.device_type == DeviceType.PrivateUse1]
+    del y
+
+
+def test_schedule_and_tensorboard_trace_handler(tmp_path):
+    x = torch.randn(16, 16, device="vnpu")
+    traces = tmp_path / "tb"
+    with profile(activities=ACTIVITIES, schedule=schedule(wait=1, warmup=1, active=1, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(str(traces))) as prof:
+        for step in range(4):
+            [x.sin, x.cos, x.exp, x.tanh][step]()  # a different kernel per step
+            prof.step()
+    files = list(traces.iterdir())
+    assert len(files) == 1 and files[0].name.endswith(".pt.trace.json")
+    with open(files[0]) as f:
+        dev = _device_events(json.load(f)["traceEvents"])
+    assert [e["name"] for e in dev] == ["aten::exp"]  # the active step only
+
+
+def test_compiled_kernels_appear_with_their_generated_names(tmp_path):
+    def f(x):
+        return (x.sin() + 1) * 2
+
+    cf = torch.compile(f)
+    x = torch.randn(1000, device="vnpu")
+    cf(x)  # compile outside the profiled region
+    torch.vnpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        y = cf(x)
+    torch.testing.assert_close(y.cpu(), f(x.cpu()))
+    names = [e["name"] for e in _device_events(_trace(prof, tmp_path))]
+    assert len(names) == 1 and names[0].startswith("cpp_fused_") and "sin" in names[0], names
+    avg = {(e.key, e.device_type): e for e in prof.key_averages()}
+    assert avg[(names[0], DeviceType.CPU)].device_time_total > 0
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is compared with CPU profiling's
+        return type(e), str(e)
+    return None
+
+
+def _misuse(activities, action, tmp_path):
+    """Runs `action` with profilers of `activities`; returns its outcome and the later exports' outcomes."""
+    x = torch.ones(4, device="vnpu")
+    if action == "start_twice":
+        p = profile(activities=activities)
+        p.start()
+        out = _outcome(p.start)
+        x.neg()
+        return out, _outcome(p.stop)
+    if action == "second_profiler_while_running":
+        p1, p2 = profile(activities=activities), profile(activities=activities)
+        p1.start()
+        out = _outcome(p2.start)
+        x.neg()
+        return out, _outcome(p2.stop), _outcome(p1.stop)
+    if action == "export_before_stop":
+        p = profile(activities=activities)
+        p.start()
+        x.neg()
+        out = _outcome(lambda: p.export_chrome_trace(str(tmp_path / "early.json")))
+        p.stop()
+        return out, _outcome(lambda: p.export_chrome_trace(str(tmp_path / "late.json")))
+    if action == "export_to_unwritable_path":
+        with profile(activities=activities) as p:
+            x.neg()
+        out = _outcome(lambda: p.export_chrome_trace(str(tmp_path / "no" / "such" / "dir.json")))
+        return out, _outcome(lambda: p.export_chrome_trace(str(tmp_path / "again.json")))
+    raise AssertionError(action)
+
+
+@pytest.mark.parametrize("action", ["start_twice", "second_profiler_while_running", "export_before_stop",
+                                    "export_to_unwritable_path"])
+def test_misuse_behaves_like_cpu_profiling(action, tmp_path):
+    # CUDA's profiler shares this Python and Kineto code: CPU profiling gives its outcomes.
+    cpu = _misuse([ProfilerActivity.CPU], action, tmp_path)
+    vnpu = _misuse(ACTIVITIES, action, tmp_path)
+    assert vnpu == cpu
+    if action == "export_before_stop":
+        assert cpu[0][0] is AttributeError and cpu[1] is None  # exporting before stop raises; after, works
+    # The profiler and the device work afterwards.
+    x = torch.ones(4, device="vnpu")
+    with profile(activities=ACTIVITIES) as prof:
+        y = x.neg()
+    assert [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1] == ["aten::neg"]
+    assert y.cpu().tolist() == [-1.0] * 4
