@@ -686,6 +686,11 @@ def _bad_input(rank, ws):
            else dist.recv(torch.empty(3, device="vnpu"), 0))
     expect("p2p_dtype", lambda: dist.send(torch.ones(4, device="vnpu"), 1) if rank == 0
            else dist.recv(torch.empty(4, device="vnpu", dtype=torch.int32), 0))
+    # per-tensor sizes differ though the totals agree (coalesced): must not reduce mismatched buffers
+    expect("coalesced_sizes", lambda: dist.all_reduce_coalesced(
+        [torch.ones(3 if rank == 0 else 5, device="vnpu"), torch.ones(5 if rank == 0 else 3, device="vnpu")]))
+    # sparse vnpu tensors: an error, not a collective on host copies that leaves the tensor unchanged
+    expect("sparse", lambda: dist.all_reduce((torch.arange(4.0) + 1).to_sparse().to("vnpu")))
     return res
 
 
@@ -711,6 +716,9 @@ def test_bad_input_raises_clear_errors_and_keeps_the_group(world):
         assert d["e8m0_broadcast"][0] is None  # moved as bytes
         assert d["list_length"][0] == "ValueError" and "one tensor per rank" in d["list_length"][1]
         assert d["wrong_device"][0] == "ValueError" and "one device" in d["wrong_device"][1]
+        typ, msg = d["coalesced_sizes"]
+        assert typ in ("DistBackendError", "AcceleratorError") and "element counts or dtypes differ" in msg, (typ, msg)
+        assert d["sparse"][0] == "NotImplementedError" and "sparse vnpu tensors" in d["sparse"][1], d["sparse"]
         if rank == 1:
             assert "rank 0 sent 16 bytes of Float but this receive expects 12 bytes of Float" in d["p2p_size"][1]
             assert "expects 16 bytes of Int" in d["p2p_dtype"][1]

@@ -233,3 +233,21 @@ def test_misuse_behaves_like_cpu_profiling(action, tmp_path):
         y = x.neg()
     assert [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1] == ["aten::neg"]
     assert y.cpu().tolist() == [-1.0] * 4
+
+
+def test_profile_memory_records_vnpu_allocations_and_frees(tmp_path):
+    # As CUDA's allocator, vnpu's reports every block it hands out and takes back to the profiler.
+    torch.vnpu.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True) as prof:
+        a = torch.empty(1 << 20, device="vnpu")  # 4 MiB
+        b = a + 1
+        del a, b
+        torch.vnpu.synchronize()
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["aten::empty"].self_device_memory_usage == 4 << 20
+    assert rows["aten::add"].device_memory_usage == 4 << 20  # its output, allocated by a child op
+    path = tmp_path / "mem.json"
+    prof.export_chrome_trace(str(path))
+    mem = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    vnpu = [e["args"] for e in mem if e["args"].get("Device Type") == int(DeviceType.PrivateUse1)]
+    assert [m["Bytes"] for m in vnpu] == [4 << 20, 4 << 20, -(4 << 20), -(4 << 20)]

@@ -4,6 +4,7 @@
 #include "VNPUException.h"
 #include "VNPUFunctions.h"
 
+#include <c10/core/Allocator.h>
 #include <c10/core/impl/COW.h>
 #include <c10/util/flat_hash_map.h>
 #include <c10/util/llvmMathExtras.h>
@@ -198,7 +199,16 @@ class DeviceCachingAllocator {
     if (is_oversize(block)) stats_.oversize_allocations.increase(1);
     block->context_when_allocated = context;
     record_trace(TraceEntry::ALLOC, block->ptr, orig, stream, context);
+    report_to_profiler(block->ptr, static_cast<int64_t>(block->size));
     return block;
+  }
+
+  // torch.profiler(profile_memory=True) records device allocations and frees,
+  // as CUDA's allocator reports them (free when nothing profiles memory).
+  void report_to_profiler(void* ptr, int64_t delta) {
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    c10::reportMemoryUsageToProfiler(ptr, delta, stats_.allocated_bytes[agg].current,
+                                     stats_.reserved_bytes[agg].current, c10::Device(c10::DeviceType::PrivateUse1, device_));
   }
 
   void free(Block* block, const Context& context) {
@@ -212,6 +222,7 @@ class DeviceCachingAllocator {
     update(stats_.allocated_bytes, *block->pool, block->size, false);
     update(stats_.requested_bytes, *block->pool, block->requested, false);
     if (is_oversize(block)) stats_.oversize_allocations.decrease(1);
+    report_to_profiler(block->ptr, -static_cast<int64_t>(block->size));
     if (!block->stream_uses.empty()) {
       // Reuse only after every stream that used the block is past this point.
       for (vnpuStream_t s : block->stream_uses) {

@@ -11,7 +11,7 @@ namespace {
 // Header fields; then `world` entries A[r] and `world` entries B[r] whose
 // meaning depends on the op (see fingerprint()).
 enum Field : size_t {
-  kMagic, kSeq, kType, kDtype, kCount, kInNumel, kOutNumel, kRedOp, kRoot, kRowNumel, kNdim,
+  kMagic, kSeq, kType, kDtype, kCount, kInNumel, kOutNumel, kRedOp, kRoot, kRowNumel, kInputs, kNdim,
   kShape0, kHeader = kShape0 + 6,
 };
 constexpr int64_t kMagicValue = 0x7663636c;  // "vccl"
@@ -20,6 +20,20 @@ int64_t numel(const TensorSpec& s) {
   int64_t n = 1;
   for (auto d : s.sizes) n *= d;
   return s.defined ? n : 0;
+}
+
+// A digest of every input's element count and dtype, in order (FNV-1a).
+int64_t inputsDigest(const std::vector<TensorSpec>& v) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t x) {
+    h ^= static_cast<uint64_t>(x);
+    h *= 1099511628211ull;
+  };
+  for (const auto& s : v) {
+    mix(numel(s));
+    mix(static_cast<int64_t>(s.dtype));
+  }
+  return static_cast<int64_t>(h);
 }
 
 int64_t total(const std::vector<TensorSpec>& v) {
@@ -101,6 +115,7 @@ std::vector<int64_t> fingerprint(const CollectiveOp& op, int rank, int world) {
   fp[kCount] = static_cast<int64_t>(op.inputs.size());
   fp[kInNumel] = total(op.inputs);
   fp[kOutNumel] = total(op.outputs);
+  fp[kInputs] = inputsDigest(op.inputs);
   fp[kRedOp] = isReduction(op.type) ? static_cast<int64_t>(op.reduce_op) : -1;
   fp[kRoot] = hasRoot(op.type) ? op.root : -1;
   if (first) {
@@ -188,6 +203,11 @@ std::string checkFingerprints(const CollectiveOp& op, int rank, int world, const
     if (o[kCount] != first[kCount] && type != OpType::GATHER && type != OpType::SCATTER) {
       return c10::str(prefix(), "rank ", r, " passed ", o[kCount], " input tensors but rank 0 passed ",
                       first[kCount]);
+    }
+    if ((type == OpType::ALLREDUCE_COALESCED || type == OpType::REDUCE_SCATTER_TENSOR_COALESCED) &&
+        o[kInputs] != first[kInputs]) {
+      return c10::str(prefix(), "rank ", r, " passed input tensors whose element counts or dtypes differ from "
+                      "rank 0's; every rank must pass tensors of matching sizes and dtypes, in the same order");
     }
   }
   std::string mismatch;

@@ -314,6 +314,10 @@ std::atomic<uint64_t>& op_counter(const c10::OperatorHandle& op) {
 // strided → sparse conversions on PrivateUse1).
 void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   const auto& schema = op.schema();
+  // Collectives would run on host copies here and leave the vnpu tensors as they were.
+  TORCH_CHECK_NOT_IMPLEMENTED(schema.name().rfind("c10d::", 0) != 0, "vccl: ", schema.name(),
+                              " on sparse vnpu tensors is not supported; communicate a dense tensor "
+                              "(t.to_dense()) or the indices and values of a coalesced one");
   const size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
   const DeviceIndex dev = call_device(op, args);
