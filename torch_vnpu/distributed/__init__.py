@@ -16,7 +16,8 @@ collectives are ordered on the current vnpu stream and return at once; ``Work.wa
 current stream wait (no host block); ``barrier()`` blocks the host. Errors of an operation raise at
 ``wait()`` when already known, else at the stream's next synchronization (``torch.AcceleratorError``
 naming the collective). Every collective's arguments are compared across ranks before data moves
-(``VNPU_VCCL_CHECK=0`` turns that off). Transport: Gloo over TCP on CPU aliases of device memory.
+(``VNPU_VCCL_CHECK=0`` turns that off). Transport: shared memory between the processes of one host (peers map each other's device memory), Gloo over TCP
+on CPU aliases of device memory across hosts and for point-to-point transfers.
 """
 
 from __future__ import annotations
