@@ -652,8 +652,17 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::endCoalescing() {
 c10::intrusive_ptr<Backend> ProcessGroupVCCL::split(const c10::intrusive_ptr<Store>& store,
                                                     const std::vector<int>& ranks,
                                                     const c10::intrusive_ptr<Backend::Options>& opts) {
+  // Every rank of this group calls split() once per split_group(), members or not: the count names the
+  // split the same on all of them. (The store torch passes is prefixed with a name hashed from the number
+  // of groups each process knows, which differs on a rank left out of an earlier new_group: the members'
+  // rendezvous would then never meet.)
+  const uint64_t k = split_count_++;
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
+  std::string members;
+  for (int r : ranks) members += c10::str(members.empty() ? "" : ",", r);
+  (void)store;
+  auto split_store = c10::make_intrusive<PrefixStore>(c10::str("vccl/split/", k, "/", members, "/"), store_);
   const int new_rank = static_cast<int>(it - ranks.begin());
   const int new_size = static_cast<int>(ranks.size());
   auto vopts = c10::make_intrusive<Options>(opts ? opts->timeout : options_->timeout);
@@ -664,9 +673,9 @@ c10::intrusive_ptr<Backend> ProcessGroupVCCL::split(const c10::intrusive_ptr<Sto
     vopts->global_ranks_in_group = opts->global_ranks_in_group;
   }
   TORCH_CHECK(glooFactory(), "vccl: split() needs torch_vnpu.distributed to be imported");
-  auto gloo_store = c10::make_intrusive<PrefixStore>("gloo/", store);
+  auto gloo_store = c10::make_intrusive<PrefixStore>("gloo/", split_store);
   auto gloo = glooFactory()(gloo_store, new_rank, new_size, vopts->timeout);
-  auto pg = c10::make_intrusive<ProcessGroupVCCL>(store, new_rank, new_size, vopts, gloo);
+  auto pg = c10::make_intrusive<ProcessGroupVCCL>(split_store, new_rank, new_size, vopts, gloo);
   pg->setBoundDeviceId(getBoundDeviceId());
   return pg;
 }

@@ -143,6 +143,7 @@ class ProcessGroupVCCL : public Backend {
   c10::DeviceIndex deviceOf(const std::vector<at::Tensor>& tensors, const char* fn);
 
   c10::intrusive_ptr<Store> store_;
+  uint64_t split_count_ = 0;  // split() calls so far (Note in split())
   c10::intrusive_ptr<Options> options_;
   c10::intrusive_ptr<Backend> gloo_;
   std::unique_ptr<ProgressEngine> engine_;
