@@ -175,6 +175,7 @@ struct OpInfo {
   bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
   bool meta_lacks_checks = false;           // Note [Checks Meta kernels lack]
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
+  int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -256,6 +257,10 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
     info.path = Path::InplaceView;
   } else if (view) {
     info.path = Path::View;
+  } else if (const char* arg = sync_only_for_masks(info.name); arg != nullptr) {
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == arg) info.sync_if_mask_arg = static_cast<int>(i);
+    TORCH_INTERNAL_ASSERT(info.sync_if_mask_arg >= 0, info.name, " has no argument ", arg);
   } else if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
              data_dependent_return) {
     info.path = Path::Sync;  // expected: the output depends on the data, as on CUDA
@@ -1014,6 +1019,13 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // check it, CPU's raises at the call. An empty out=/in-place argument is not
   // an empty input: composites call `op.out(empty(0), ...)` all the time.
   if (info.sync_if_arg >= 0 && !args[info.sync_if_arg].isNone()) return run_sync(op, info, stack, dev);
+  if (info.sync_if_mask_arg >= 0 && args[info.sync_if_mask_arg].isList()) {
+    for (const IValue& e : args[info.sync_if_mask_arg].toListRef()) {
+      if (!e.isTensor() || !e.toTensor().defined()) continue;
+      const auto st = e.toTensor().scalar_type();
+      if (st == ScalarType::Bool || st == ScalarType::Byte) return run_sync(op, info, stack, dev);
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
