@@ -171,21 +171,50 @@ void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns,
 using WaitHook = int (*)();
 WaitHook wait_hook();
 std::chrono::microseconds wait_slice();
+struct BlockingWaitHooks {
+  void* (*enter)() = nullptr;
+  void (*leave)(void*) = nullptr;
+};
+BlockingWaitHooks blocking_wait_hooks();
 template <class Pred>
 bool wait_interruptible(std::unique_lock<std::mutex>& lk, std::condition_variable& cv, Pred done,
                         bool interruptible = true) {
+  if (done()) return true;
+  // vnpuSetBlockingWaitHooks: the layer above may release a lock of its own
+  // (the GIL) for the wait; never with a runtime lock held.
+  const BlockingWaitHooks hooks = interruptible ? blocking_wait_hooks() : BlockingWaitHooks{};
+  void* token = nullptr;
+  if (hooks.enter != nullptr) {
+    lk.unlock();
+    token = hooks.enter();
+    lk.lock();
+  }
+  bool finished = false;
   for (;;) {
     WaitHook hook = interruptible ? wait_hook() : nullptr;
     if (hook == nullptr) {
       cv.wait(lk, done);
-      return true;
+      finished = true;
+      break;
     }
-    if (cv.wait_for(lk, wait_slice(), done)) return true;
+    if (cv.wait_for(lk, wait_slice(), done)) {
+      finished = true;
+      break;
+    }
     lk.unlock();
     const bool stop = hook() != 0;
     lk.lock();
-    if (stop) return done();
+    if (stop) {
+      finished = done();
+      break;
+    }
   }
+  if (hooks.leave != nullptr) {
+    lk.unlock();
+    hooks.leave(token);
+    lk.lock();
+  }
+  return finished;
 }
 // The memfd name of a device's physical pages (its nonce lets an IPC importer
 // check that /proc/<pid>/fd/<fd> is still that memfd).

@@ -14,6 +14,8 @@ std::atomic<void (*)()> g_idle_hook{nullptr};
 std::atomic<unsigned> g_idle_linger_us{0};
 std::atomic<WaitHook> g_wait_hook{nullptr};
 std::atomic<unsigned> g_wait_slice_us{0};
+std::mutex g_blocking_hooks_mu;  // guards g_blocking_hooks (set once at start-up; read per blocking wait)
+BlockingWaitHooks g_blocking_hooks;
 
 void run_worker(vnpuStream_st* s) {
   char name[16];
@@ -68,6 +70,10 @@ void run_worker(vnpuStream_st* s) {
 }  // namespace
 
 WaitHook wait_hook() { return g_wait_hook.load(); }
+BlockingWaitHooks blocking_wait_hooks() {
+  std::lock_guard<std::mutex> g(g_blocking_hooks_mu);
+  return g_blocking_hooks;
+}
 std::chrono::microseconds wait_slice() { return std::chrono::microseconds(g_wait_slice_us.load()); }
 
 vnpuStream_st* resolve(vnpuStream_t s) {
@@ -126,6 +132,13 @@ vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us) {
   if (fn != nullptr && slice_us == 0) return vnpuErrorInvalidValue;
   g_wait_slice_us.store(slice_us);
   g_wait_hook.store(fn);
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuSetBlockingWaitHooks(void* (*enter)(), void (*leave)(void*)) {
+  if ((enter == nullptr) != (leave == nullptr)) return vnpuErrorInvalidValue;
+  std::lock_guard<std::mutex> g(g_blocking_hooks_mu);
+  g_blocking_hooks = {enter, leave};
   return vnpuSuccess;
 }
 

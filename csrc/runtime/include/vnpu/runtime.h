@@ -172,6 +172,13 @@ vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_
 // vnpuFree, vnpuStreamDestroy and vnpuMemUnmap always wait to the end.
 // nullptr disables it. Process-wide.
 vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us);
+// Blocking-wait hooks (no CUDA equivalent: kernels run on host threads, and a
+// kernel of the layer above may need a lock that the waiting thread holds,
+// e.g. Python's GIL for a kernel written in Python). `enter` runs on a host
+// thread about to block in one of the interruptible waits listed above, with
+// no runtime lock held; `leave` gets its result when that wait ends, also with
+// no runtime lock held. nullptr disables them. Process-wide.
+vnpuError_t vnpuSetBlockingWaitHooks(void* (*enter)(), void (*leave)(void*));
 // Worker idle hook (no CUDA equivalent: workers are host threads): `fn` runs on
 // a stream's worker thread once its queue has stayed empty for `linger_us`
 // microseconds after running work, so the layer above can release per-thread
