@@ -24,7 +24,7 @@ import torch
 
 from .. import _C
 
-__all__ = ["VNPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+__all__ = ["VNPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
 
 
 def is_current_stream_capturing() -> bool:
@@ -153,3 +153,128 @@ class graph:
                     pass
         finally:
             self.stream_ctx.__exit__(exc_type, exc, tb)
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, allow_unused_input: bool = False,
+                           pool: Optional[tuple[int, int]] = None):
+    """``torch.cuda.make_graphed_callables`` on vnpu: graphed versions of functions or ``nn.Module``s whose forward
+    and backward each replay one captured graph inside one autograd node.
+
+    Args and constraints are ``torch.cuda.make_graphed_callables``': ``callables`` is one callable or a tuple (then
+    ``sample_args`` is a tuple of argument tuples, and the callables must later run in that order, as they share
+    one memory pool); ``sample_args`` hold only tensors, with the ``requires_grad`` of the real inputs; modules must
+    have no hooks and no buffers requiring grad; a module's graph runs only in the training mode it was captured in
+    (else its original forward). Returns the graphed callable(s) (modules are returned with ``forward`` replaced).
+    Raises RuntimeError with autocast caching enabled, AssertionError on the constraints above (as CUDA's).
+    """
+    from torch.utils import _pytree as pytree
+
+    from . import synchronize
+    from .streams import Stream, stream as stream_context
+
+    if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+        raise RuntimeError("make_graphed_callables does not support the autocast caching. Please set "
+                           "`cache_enabled=False`.")
+    single = not isinstance(callables, tuple)
+    if single:
+        callables, sample_args = (callables,), (sample_args,)
+    n = len(callables)
+    flat_args, params = [], []
+    for c, args in zip(callables, sample_args):
+        if isinstance(c, torch.nn.Module):
+            if c._backward_hooks or c._forward_hooks or c._forward_pre_hooks:
+                raise AssertionError("Modules must not have hooks registered at the time they are passed. However, "
+                                     "registering hooks on modules after passing them through make_graphed_callables "
+                                     "is allowed.")
+            if any(b.requires_grad for b in c.buffers()):
+                raise AssertionError("In any nn.Module passed to make_graphed_callables, only parameters may be "
+                                     "trainable. All buffers must have requires_grad=False.")
+        leaves = tuple(pytree.arg_tree_leaves(*args))
+        if not all(isinstance(a, torch.Tensor) for a in leaves):
+            raise AssertionError("sample_args for each callable must contain only Tensors. Other types are not "
+                                 "allowed.")
+        flat_args.append(leaves)
+        params.append(tuple(c.parameters()) if isinstance(c, torch.nn.Module) else ())
+    surfaces = [flat_args[i] + params[i] for i in range(n)]
+
+    def grads_of(outputs, inputs, grad_outputs):
+        return torch.autograd.grad(outputs=outputs, inputs=inputs, grad_outputs=grad_outputs, only_inputs=True,
+                                   allow_unused=allow_unused_input)
+
+    # Warm-up on a side stream keeps lazy initialisation out of the captures. The captures use the same stream:
+    # autograd nodes made during the warm-up (a parameter's AccumulateGrad) remember their stream, and a backward
+    # across two streams would need cross-stream capture, which vnpu graphs do not do.
+    side = Stream()
+    synchronize()
+    with stream_context(side):
+        for c, args, surface in zip(callables, sample_args, surfaces):
+            for _ in range(num_warmup_iters):
+                outs = tuple(o for o in pytree.tree_leaves(c(*args)) if o.requires_grad)
+                if outs:
+                    grads_of(outs, tuple(i for i in surface if i.requires_grad),
+                             tuple(torch.empty_like(o) for o in outs))
+    synchronize()
+
+    mempool = graph_pool_handle() if pool is None else pool
+    fwd_graphs = [VNPUGraph() for _ in range(n)]
+    bwd_graphs = [VNPUGraph() for _ in range(n)]
+    static_outs, specs = [], []
+    for c, args, g in zip(callables, sample_args, fwd_graphs):  # forwards in run order
+        with graph(g, pool=mempool, stream=side):
+            out = c(*args)
+        flat, spec = pytree.tree_flatten(out)
+        static_outs.append(tuple(flat))
+        specs.append(spec)
+    static_grad_outs, static_grad_ins = [None] * n, [None] * n
+    for i in reversed(range(n)):  # backwards in the reverse order, as they will run
+        grad_outs = tuple(torch.empty_like(o) if o.requires_grad else None for o in static_outs[i])
+        needed = tuple(o for o in static_outs[i] if o.requires_grad)
+        grads = None
+        if needed:
+            with graph(bwd_graphs[i], pool=mempool, stream=side):
+                grads = grads_of(needed, tuple(x for x in surfaces[i] if x.requires_grad),
+                                 tuple(g for g in grad_outs if g is not None))
+        it = iter(grads or ())
+        static_grad_ins[i] = tuple(next(it) if (x.requires_grad and grads is not None) else None for x in surfaces[i])
+        static_grad_outs[i] = grad_outs
+
+    def graphed_function(i):
+        fwd, bwd, surface = fwd_graphs[i], bwd_graphs[i], surfaces[i]
+        n_user, outs, grad_outs, grad_ins = len(flat_args[i]), static_outs[i], static_grad_outs[i], static_grad_ins[i]
+
+        class Graphed(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                for k in range(n_user):  # the user's tensors into the captured inputs (module parameters are in place)
+                    if surface[k].data_ptr() != inputs[k].data_ptr():
+                        surface[k].copy_(inputs[k])
+                fwd.replay()
+                return tuple(o.detach() for o in outs)
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx, *grads):
+                for static, grad in zip(grad_outs, grads):
+                    if static is not None and grad is not None and static.data_ptr() != grad.data_ptr():
+                        static.copy_(grad)
+                bwd.replay()
+                return tuple(b.detach() if b is not None else None for b in grad_ins)
+
+        def run(*user_args):
+            out = Graphed.apply(*(tuple(pytree.arg_tree_leaves(*user_args)) + params[i]))
+            return pytree.tree_unflatten(out, specs[i])
+
+        return run
+
+    result = []
+    for i, c in enumerate(callables):
+        run = graphed_function(i)
+        if isinstance(c, torch.nn.Module):
+            def forward(*args, _module=c, _training=c.training, _run=run, _orig=c.forward, **kwargs):
+                return _run(*args, **kwargs) if _module.training == _training else _orig(*args, **kwargs)
+
+            c.forward = forward
+            result.append(c)
+        else:
+            result.append(run)
+    return result[0] if single else tuple(result)
