@@ -44,6 +44,20 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {  // See Note [Stream capture] (graph.cpp)
+    if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
+      return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                               "vnpuMemcpyAsync from pageable host memory into the capturing stream (the source "
+                               "would be read now, not at each replay): create or fill the device tensor before "
+                               "the capture begins, and change its contents between replays");
+    }
+    if (kind == vnpuMemcpyDeviceToHost && !is_pinned(dst)) {
+      return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                               "vnpuMemcpyAsync from the capturing stream into pageable host memory (a host read: "
+                               ".cpu(), .item(), .tolist(), printing a tensor); read the results after the "
+                               "capture ends, or after replay()");
+    }
+  }
   if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
     // Stage pageable memory now so the caller may reuse its buffer at once.
     std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
@@ -70,8 +84,8 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                                                           : "memcpy HtoH";
     const bool pinned = (kind == vnpuMemcpyHostToDevice && is_pinned(src)) ||
                         (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
-    s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
-              {vnpuActivityKindMemcpy, count, kind, pinned});
+    return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
+                                          {vnpuActivityKindMemcpy, count, kind, pinned}));
   }
   return finish(s, /*wait=*/false);
 }
@@ -89,7 +103,6 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
-            {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false});
-  return finish(s, false);
+  return finish_submission(s, s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
+                                        {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false}));
 }

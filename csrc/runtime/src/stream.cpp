@@ -74,6 +74,20 @@ BlockingWaitHooks blocking_wait_hooks() {
   std::lock_guard<std::mutex> g(g_blocking_hooks_mu);
   return g_blocking_hooks;
 }
+
+vnpuError_t finish_submission(vnpuStream_st* s, vnpuStream_st::Submitted submitted) {
+  if (submitted == vnpuStream_st::Dropped) {
+    auto c = capture_of(s);
+    set_last_error_message("the stream's graph capture was invalidated by an earlier call; nothing more is "
+                           "recorded. That call: " + (c ? c->invalidated_by : std::string("(capture ended)")));
+    return vnpuErrorStreamCaptureInvalidated;
+  }
+  if (submitted == vnpuStream_st::Queued && launch_blocking()) {
+    if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;  // the kernel still runs
+    return take_device_error(s->device);
+  }
+  return vnpuSuccess;
+}
 std::chrono::microseconds wait_slice() { return std::chrono::microseconds(g_wait_slice_us.load()); }
 
 vnpuStream_st* resolve(vnpuStream_t s) {
@@ -86,8 +100,17 @@ vnpuStream_st* resolve(vnpuStream_t s) {
 
 using namespace vnpu::rt;
 
-void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete,
-                           const vnpu::rt::TaskInfo& info) {
+vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn,
+                                               std::function<void()> on_complete,
+                                               const vnpu::rt::TaskInfo& info) {
+  if (any_capture()) {  // See Note [Stream capture] (graph.cpp)
+    std::lock_guard<std::mutex> lk(mu);
+    if (capture) {
+      if (capture->invalidated) return Dropped;
+      capture->nodes.emplace_back(std::move(name), std::move(fn));
+      return Recorded;
+    }
+  }
   Task task{std::move(name), std::move(fn), std::move(on_complete)};
   if (recording()) {  // Note [Activity records]
     task.kind = info.kind;
@@ -109,6 +132,7 @@ void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void
     ++submitted;
   }
   cv_work.notify_one();
+  return Queued;
 }
 
 bool vnpuStream_st::wait_idle(bool interruptible) {
@@ -171,6 +195,10 @@ vnpuError_t vnpuStreamCreateWithPriority(vnpuStream_t* stream, unsigned /*flags*
 vnpuError_t vnpuStreamDestroy(vnpuStream_t stream) {
   if (stream == nullptr || stream->is_default) return vnpuErrorInvalidResourceHandle;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // waiting for pending work would hang
+  if (capture_of(stream)) {
+    set_last_error_message("vnpuStreamDestroy: the stream is capturing; end the capture first");
+    return vnpuErrorIllegalState;
+  }
   Device* d = devices()[stream->device];
   {
     std::lock_guard<std::mutex> g(d->streams_mu);
@@ -219,6 +247,14 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                             "vnpuStreamSynchronize of the capturing stream (a host synchronization: "
+                             "torch.vnpu.synchronize(), Stream/Event.synchronize(), .item(), .cpu(), .tolist(), "
+                             "printing a tensor, or an op whose output shape depends on the data, such as "
+                             "nonzero or boolean-mask indexing); move it before the capture begins or after "
+                             "it ends");
+  }
   if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(s->device);
 }
@@ -226,6 +262,11 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
 vnpuError_t vnpuStreamQuery(vnpuStream_t stream) {
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                             "vnpuStreamQuery of the capturing stream (Stream.query(); query it after the "
+                             "capture ends)");
+  }
   return s->idle() ? vnpuSuccess : vnpuErrorNotReady;
 }
 
@@ -234,12 +275,7 @@ vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel));
-  if (launch_blocking()) {
-    if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;  // the kernel still runs
-    return take_device_error(s->device);
-  }
-  return vnpuSuccess;
+  return finish_submission(s, s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel)));
 }
 
 vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data) {
