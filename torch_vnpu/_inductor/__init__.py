@@ -39,6 +39,7 @@ def register_inductor() -> None:
     if _inductor_registered:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
+    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
 
     from . import cpu_assumptions, flex_attention
     from .cache_key import VnpuCodegenVersion
@@ -47,6 +48,8 @@ def register_inductor() -> None:
 
     register_dynamo()
     cpu_assumptions.apply()
+    # The C++ wrapper's device constant (aoti_torch_device_type_privateuse1()); vnpu is PrivateUse1.
+    DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
     register_device_op_overrides(_DEVICE, VnpuDeviceOpOverrides())
     flex_attention.register_lowering()
     register_backend_for_device(
