@@ -4,7 +4,9 @@ How a compiled graph runs (see docs/ARCHITECTURE.md, "How a compiled graph
 reaches the stream"): Inductor's CPU code generator emits the fused C++
 kernels; the Python wrapper of the graph runs on the calling thread, allocates
 from the vnpu caching allocator, calls extern kernels through the eager executor
-and enqueues every fused kernel on the current vnpu stream.
+and enqueues every fused kernel on the current vnpu stream. With
+``torch._inductor.config.cpp_wrapper = True`` the same happens from C++
+(:mod:`.cpp_wrapper`).
 
 Registration is lazy, so ``import torch`` does not import Dynamo or Inductor
 (torch 2.13 has no ``_inductor_backend_init`` hook):
