@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-__all__ = ["CudaCallWarning", "Report", "install", "uninstall", "reports"]
+__all__ = ["CudaCallWarning", "Report", "install", "installed", "uninstall", "reports"]
 
 
 class CudaCallWarning(UserWarning):
@@ -179,6 +179,11 @@ def install() -> None:
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main and os.path.isfile(main) and not os.path.abspath(main).startswith(_LIBRARY_DIRS):
         _scan(os.path.abspath(main))
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return bool(_originals)
 
 
 def uninstall() -> None:
