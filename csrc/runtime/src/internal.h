@@ -62,6 +62,9 @@ struct vnpuStream_st {
   uint64_t submitted = 0;          // tasks ever submitted (count)
   uint64_t completed = 0;          // tasks ever finished (count)
   bool worker_started = false;
+  bool worker_waiting = false;     // the worker blocks on cv_work (submit() must notify)
+  // `submitted` mirrored for the worker's lock-free spin (Note [Worker spin], stream.cpp).
+  std::atomic<uint64_t> submitted_hint{0};
   // Non-null while the stream captures (graph.cpp): submit() records instead of queuing.
   std::shared_ptr<vnpu::rt::Capture> capture;
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 
 namespace vnpu::rt {
@@ -17,28 +18,68 @@ std::atomic<unsigned> g_wait_slice_us{0};
 std::mutex g_blocking_hooks_mu;  // guards g_blocking_hooks (set once at start-up; read per blocking wait)
 BlockingWaitHooks g_blocking_hooks;
 
+// Note [Worker spin]
+// Waking a blocked worker costs the submitting thread a futex syscall and the
+// worker a scheduler wake-up (several µs each in a VM, where the wake-up is an
+// inter-processor interrupt). Eager Python loops submit a task every few µs,
+// so a worker that blocks after each task makes every launch pay that. After a
+// task, the worker polls for the next one for a short while (as CUDA's default
+// schedule spins when there are CPUs to spare), and submit() notifies only a
+// worker that really blocks. VNPU_WORKER_SPIN_US overrides the window (0: block
+// at once).
+std::chrono::microseconds worker_spin() {
+  static const std::chrono::microseconds us = [] {
+    const char* v = std::getenv("VNPU_WORKER_SPIN_US");
+    if (v == nullptr || *v == '\0') return std::chrono::microseconds(50);
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return std::chrono::microseconds(end != v && n >= 0 ? n : 50);
+  }();
+  return us;
+}
+
+void spin_for_work(const vnpuStream_st& s, uint64_t popped, std::chrono::microseconds spin) {
+  if (spin.count() == 0) return;
+  const auto until = std::chrono::steady_clock::now() + spin;
+  for (unsigned i = 1;; ++i) {
+    if (s.submitted_hint.load(std::memory_order_acquire) != popped) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
 void run_worker(vnpuStream_st* s) {
   char name[16];
   std::snprintf(name, sizeof(name), "vnpu%d-s%p", s->device, static_cast<void*>(s));
   pthread_setname_np(pthread_self(), name);
   current_device() = s->device;
   bool ran_since_idle = false;
+  uint64_t popped = 0;
+  const auto spin = worker_spin();
   for (;;) {
     vnpuStream_st::Task task;
+    if (ran_since_idle) spin_for_work(*s, popped, spin);
     {
       std::unique_lock<std::mutex> lk(s->mu);
       auto has_work = [&] { return !s->queue.empty(); };
-      auto hook = g_idle_hook.load();
-      if (hook && ran_since_idle && !has_work() &&
-          !s->cv_work.wait_for(lk, std::chrono::microseconds(g_idle_linger_us.load()), has_work)) {
-        lk.unlock();
-        hook();
-        ran_since_idle = false;
-        lk.lock();
+      if (!has_work()) {
+        s->worker_waiting = true;
+        auto hook = g_idle_hook.load();
+        if (hook && ran_since_idle &&
+            !s->cv_work.wait_for(lk, std::chrono::microseconds(g_idle_linger_us.load()), has_work)) {
+          lk.unlock();
+          hook();
+          ran_since_idle = false;
+          lk.lock();
+        }
+        s->cv_work.wait(lk, has_work);
+        s->worker_waiting = false;
       }
-      s->cv_work.wait(lk, has_work);
       task = std::move(s->queue.front());
       s->queue.pop_front();
+      ++popped;
     }
     if (!task.fn) return;  // shutdown marker from vnpuStreamDestroy
     ran_since_idle = true;
@@ -112,6 +153,7 @@ vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn
     }
   }
   Task task{std::move(name), std::move(fn), std::move(on_complete)};
+  bool notify = false;
   if (recording()) {  // Note [Activity records]
     task.kind = info.kind;
     task.bytes = info.bytes;
@@ -130,8 +172,10 @@ vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn
     }
     queue.push_back(std::move(task));
     ++submitted;
+    submitted_hint.store(submitted, std::memory_order_release);
+    notify = worker_waiting;
   }
-  cv_work.notify_one();
+  if (notify) cv_work.notify_one();
   return Queued;
 }
 
