@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage clean
+.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,11 @@ test-runtime: deps
 	$(VENV)/bin/ctest --test-dir build/runtime-tests --output-on-failure
 
 test-python: install
-	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib .
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m "not slow" .
+
+# The long end-to-end cases marked `slow` (compiles with a cold cache, multi-process launches), ~N min.
+test-slow: install
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m slow .
 
 test: test-runtime test-python
 

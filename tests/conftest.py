@@ -7,6 +7,13 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "slow: long end-to-end cases left out of `make test` (which must stay under 30 min on 2 cores); "
+        "`make test-slow` runs them")
+
+
 @pytest.fixture(autouse=True)
 def _clean_device():
     torch.vnpu.set_device(0)
