@@ -3,6 +3,7 @@
 
 #include "../core/VNPUFunctions.h"
 #include "../ops/Executor.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
@@ -13,6 +14,9 @@
 
 namespace at::vnpu {
 namespace {
+
+// The accesses host_scalar declared for the launch that follows on this thread (sanitizer only).
+thread_local sanitizer::Accesses t_pending;
 
 int launch_kernel(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*)) {
   // Owned from here on: freed after the kernel ran, or now if it cannot be enqueued.
@@ -25,20 +29,31 @@ int launch_kernel(const char* name, long device, void (*run)(void*), void* args,
     RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
     // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
     // the fused kernels use OpenMP too.
-    launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); });
+    sanitizer::Accesses acc = std::move(t_pending);
+    t_pending = sanitizer::Accesses();
+    launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); },
+           sanitizer::enabled() ? &acc : nullptr);
     return 0;
   } catch (...) {
+    t_pending = sanitizer::Accesses();
     torch::translate_exception_to_python(std::current_exception());
     return -1;
   }
 }
 
-int host_scalar(PyObject* obj, void* dst, size_t capacity) {
+int host_scalar(PyObject* obj, void* dst, size_t capacity, int writes) {
   try {
     TORCH_CHECK_TYPE(THPVariable_Check(obj), "a vnpu kernel expected a tensor argument, but got ",
                      Py_TYPE(obj)->tp_name);
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.device().type() == c10::DeviceType::PrivateUse1) return 0;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      if (sanitizer::enabled()) {
+        t_pending.add(t.storage().data(), t.storage().nbytes(), t.sizes(), t.strides(), t.storage_offset(),
+                      t.scalar_type(), t.device().index(), writes != 0,
+                      std::string(writes ? "output" : "input") + " pointer " + std::to_string(t_pending.size()));
+      }
+      return 0;
+    }
     const size_t bytes = t.numel() * t.element_size();
     TORCH_CHECK(t.device().is_cpu() && t.numel() <= 1 && bytes <= capacity,
                 "a compiled vnpu kernel can take a CPU tensor only as a scalar (0-dim, at most ", capacity,
@@ -46,6 +61,7 @@ int host_scalar(PyObject* obj, void* dst, size_t capacity) {
     if (bytes > 0) std::memcpy(dst, t.const_data_ptr(), bytes);
     return 1;
   } catch (...) {
+    t_pending = sanitizer::Accesses();
     torch::translate_exception_to_python(std::current_exception());
     return -1;
   }

@@ -284,6 +284,10 @@ def _drain_at_exit() -> None:
 
 
 def __getattr__(name: str):
+    if name == "sanitizer":  # imported on first use: `import torch` stays as fast
+        import importlib
+
+        return importlib.import_module("torch_vnpu.sanitizer")
     # Inductor's PrivateUse1 discovery reads torch.vnpu.Scheduling, .PythonWrapperCodegen, .CppWrapperCodegen
     # and .WrapperFxCodegen at the first compilation; answering registers torch.compile support lazily.
     from .._inductor import CODEGEN_NAMES, codegen_class

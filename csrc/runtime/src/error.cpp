@@ -61,6 +61,8 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorNotSupported:
       return "operation not supported (device memory is not shareable: VNPU_IPC=0, or memfd unavailable)";
     case vnpuErrorInterrupted: return "the wait was interrupted (the work waited for continues)";
+    case vnpuErrorStreamRace: return "sanitizer: access not ordered after a conflicting access of another stream";
+    case vnpuErrorUseAfterFree: return "sanitizer: access to freed device memory";
   }
   return "unknown error";
 }
