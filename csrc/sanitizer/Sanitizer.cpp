@@ -156,7 +156,7 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
     << ", and nothing orders the two (no event, wait_stream or synchronize between them). This is reported by "
        "ordering, not timing: on a real accelerator the result depends on which stream runs first.";
   if (r.freed_since) {
-    m << "\nThe memory was freed since that access and handed out again: the tensor " << there
+    m << "\nThe memory was freed since that access and handed out again: the tensor that " << there
       << " used was dropped while that stream could still be using it.";
   }
   if (d != nullptr && d->base != nullptr) {
@@ -173,8 +173,9 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
          "waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
          "event recorded on s that the allocating stream waits for).";
   } else if (r.stream == nullptr) {
-    m << "synchronize before the host uses the data: torch.vnpu.synchronize(), or synchronize() the stream or an "
-         "event recorded after the producing work.";
+    m << "this op runs on the host after synchronizing the current stream only: make the current stream wait for "
+      << there << " first (torch.vnpu.current_stream().wait_stream(s), or an event), or synchronize it (s.synchronize(), "
+      << "torch.vnpu.synchronize()).";
   } else if (r.other_stream == nullptr) {
     m << "host work and stream work are ordered by program order: this should not happen; please report it.";
   } else if (r.other_write) {

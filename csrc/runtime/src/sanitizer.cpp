@@ -128,10 +128,9 @@ vnpuError_t refuse(vnpuError_t err, size_t index, const vnpuMemAccess& a, uintpt
   rep.error = err;
   rep.access = index;
   rep.write = a.write;
-  const uintptr_t lo = std::max<uintptr_t>(start, reinterpret_cast<uintptr_t>(a.ptr));
-  const uintptr_t hi = std::min<uintptr_t>(r.end, reinterpret_cast<uintptr_t>(a.ptr) + a.bytes);
-  rep.ptr = reinterpret_cast<const void*>(lo);
-  rep.bytes = hi - lo;
+  (void)start;  // the whole access is reported: sub-ranges are an artefact of earlier accesses
+  rep.ptr = a.ptr;
+  rep.bytes = a.bytes;
   rep.stream = s;
   rep.position = pos;
   rep.name = name;

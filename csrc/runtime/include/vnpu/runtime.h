@@ -336,8 +336,8 @@ struct vnpuSanitizerReport {
   vnpuError_t error = vnpuSuccess;  // vnpuErrorStreamRace or vnpuErrorUseAfterFree
   size_t access = 0;                // index of the refused access in the call's list
   int write = 0;                    // the refused access writes
-  const void* ptr = nullptr;        // first byte of the conflict
-  size_t bytes = 0;                 // bytes of the conflicting range from ptr
+  const void* ptr = nullptr;        // the refused access's range (it overlaps the earlier one)
+  size_t bytes = 0;
   vnpuStream_t stream = nullptr;    // stream of the refused task (null: the host)
   uint64_t position = 0;            // its position in that stream (1 = first task)
   std::string name;                 // its name
