@@ -12,7 +12,7 @@ import sys
 import torch
 
 N = 1 << 16
-BUSY_NS = 50_000_000  # keeps a stream busy for 50 ms, so a missing ordering shows as a wrong result
+BUSY_NS = 250_000_000  # keeps a stream busy for 250 ms, so a missing ordering shows as a wrong result
 _calls = [0]
 
 

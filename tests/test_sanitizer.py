@@ -21,7 +21,7 @@ _spec = importlib.util.spec_from_file_location("sanitizer_cases", os.path.join(_
 cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
 
-RUNS = 3  # unsanitized runs per program: at least one must differ from CPU
+RUNS = 5  # unsanitized runs per program: at least one must differ from CPU
 
 
 def sanitized(case: str, fix: bool, extra_env=None) -> dict:
