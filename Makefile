@@ -48,6 +48,7 @@ bench: install
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
 	$(PY) benchmarks/compile.py --out $(OUT)/bench
 	$(PY) benchmarks/hf_step.py --out $(OUT)/bench
+	$(PY) benchmarks/graph_replay.py --out $(OUT)/bench
 
 # Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the
 # DDP/FSDP step time of examples/train_gpt_dist.py (vnpu+vccl vs cpu+gloo, ~5 min).

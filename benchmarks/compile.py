@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from _procs import receive
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
@@ -144,14 +146,6 @@ def recompile_process(device, args, cache_dir, conn):
     conn.send({"lengths": LENGTHS, "graphs": counters["stats"]["unique_graphs"],
                "frame_compilations": counters["frames"]["ok"],
                "seconds": time.perf_counter() - t0})
-
-
-def receive(conn, proc):
-    """The child's next message; raises if the child died instead of answering (never waits forever)."""
-    while not conn.poll(1.0):
-        if not proc.is_alive():
-            raise RuntimeError(f"benchmark process {proc.name} exited with code {proc.exitcode}; see its traceback above")
-    return conn.recv()
 
 
 def run_in_process(target, *args):

@@ -28,6 +28,8 @@ import platform
 import statistics
 import time
 
+from _procs import receive
+
 MODELS = ("llama", "moe")
 WORK = ("train", "generate_dynamic", "generate_static")
 DEVICES = ("cpu", "vnpu")
@@ -123,14 +125,6 @@ def device_process(device, args, conn):
     result["times_s"] = times
     result["torch_num_threads"] = torch.get_num_threads()
     conn.send(result)
-
-
-def receive(conn, proc):
-    """The child's next message; raises if the child died instead of answering (never waits forever)."""
-    while not conn.poll(1.0):
-        if not proc.is_alive():
-            raise RuntimeError(f"benchmark process {proc.name} exited with code {proc.exitcode}; see its traceback above")
-    return conn.recv()
 
 
 def main(argv=None):

@@ -245,9 +245,10 @@ def test_index_out_of_bounds_in_a_kernel():
 
 
 def test_unsupported_wrappers_say_what_to_do():
+    # (cpp_wrapper=True works: test_compile_cpp_wrapper.py)
     f = torch.compile(lambda t: t.sin() + 1)
-    with torch._inductor.config.patch(cpp_wrapper=True):
-        with pytest.raises(Exception, match="cpp_wrapper=True is not supported on vnpu"):
+    with torch._inductor.config.patch(fx_wrapper=True):
+        with pytest.raises(Exception, match="fx_wrapper=True is not supported on vnpu"):
             f(torch.randn(4, device="vnpu"))
 
 

@@ -1,7 +1,9 @@
 """The Hugging Face sweep's `--compile` mode on one architecture (the sweep itself: `scripts/hf_coverage.py
 --compile`, results in docs/hf_coverage.md): GPT-2 as a tiny random-weight model, compiled on vnpu
 (`model.compile()`: forward, AOTAutograd backward and the forwards of `generate()`), against eager CPU at the
-sweep's tolerances (logits atol=rtol=1e-4, gradients norm-relative 1e-4, greedy tokens equal)."""
+sweep's tolerances (logits atol=rtol=1e-4, gradients norm-relative 1e-4, greedy tokens equal); then greedy
+`generate(cache_implementation="static")` with its decode forward compiled by transformers' auto-compilation,
+tokens equal to eager CPU's."""
 import importlib.util
 import os
 
@@ -27,3 +29,5 @@ def test_gpt2_compiled_on_vnpu_matches_eager_cpu():
     assert r["stage"] == "done" and not r["notes"], r["notes"]  # forward, backward and generate all ran
     # The forward (with its backward) and generate's prefill and decode steps: several graphs, not one per token.
     assert 2 <= r["compiled_graphs"] <= 6, r["compiled_graphs"]
+    # Static cache: fixed shapes, so the decode steps reuse one graph (plus the prefill's, if compiled).
+    assert r["static_cache"] == "pass" and 1 <= r["static_cache_graphs"] <= 3, r

@@ -107,3 +107,25 @@ def test_a_handler_that_returns_lets_the_wait_finish(run):
 def test_device_consistent_after_interrupts(run):
     assert run["alloc_back_to_base"] is True
     assert run["final_ok"] is True
+
+
+# Note [Waits release the GIL]: a kernel written in Python runs on the stream's worker and needs the GIL; a wait
+# reached from C++ that holds the GIL (torch's Python indexing with a 0-dim index tensor calls item()) used to
+# deadlock with it, forever. Run in a child process so that a regression fails by timeout instead of hanging.
+GIL_CHILD = r"""
+import threading, torch
+from torch_vnpu.testing.gate import Gate
+x = torch.arange(24.0).reshape(6, 4).to("vnpu")
+i = torch.tensor(3, device="vnpu")
+with Gate() as g:
+    g.block()                           # a Python kernel holds the stream until the timer opens the gate
+    threading.Timer(0.5, g.open).start()
+    row = x[i]                          # C++ waits for the stream while holding the GIL
+print("ROW", row.cpu().tolist())
+"""
+
+
+def test_a_wait_holding_the_gil_does_not_deadlock_with_a_python_kernel_on_the_stream():
+    proc = subprocess.run([sys.executable, "-c", GIL_CHILD], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ROW [12.0, 13.0, 14.0, 15.0]" in proc.stdout

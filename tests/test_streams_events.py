@@ -2,56 +2,23 @@
 contexts, cross-stream dependencies (wait_stream / wait_event) that do not block the host, event
 query/synchronize/elapsed_time, record_stream, priorities, torch.accelerator interop, in-order execution.
 
-Determinism: the `gate` custom op (a CPU kernel that runs on the stream's worker, as every ATen kernel
+Determinism: the gate of torch_vnpu.testing.gate (a CPU custom op that runs on the stream's worker, as every ATen kernel
 does on vnpu) holds its stream until the test opens the gate. Work queued behind it is therefore
 certainly still pending when the test inspects it, without relying on timing."""
-import threading
 import time
 
 import pytest
 import torch
 
+from torch_vnpu.testing.gate import Gate, open_all
+
 v = torch.vnpu
-
-_GATE = threading.Event()
-_GATE_TIMEOUT_S = 20  # a kernel that is never released fails (sticky error) instead of hanging
-
-
-@torch.library.custom_op("vnpu_stream_tests::gate", mutates_args=(), device_types="cpu")
-def _gate_op(x: torch.Tensor) -> torch.Tensor:
-    if not _GATE.wait(_GATE_TIMEOUT_S):
-        raise RuntimeError("vnpu_stream_tests::gate was never opened")
-    return x.clone()
-
-
-@_gate_op.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-class Gate:
-    """``with Gate() as g: g.block(stream)`` — the stream stalls until the block exits (or g.open())."""
-
-    def __enter__(self):
-        _GATE.clear()
-        return self
-
-    def block(self, stream=None):
-        with v.stream(stream or v.current_stream()):
-            _gate_op(torch.zeros(1, device=f"vnpu:{(stream or v.current_stream()).device_index}"))
-
-    def open(self):
-        _GATE.set()
-
-    def __exit__(self, *exc):
-        _GATE.set()
-        return False
 
 
 @pytest.fixture(autouse=True)
 def _default_streams():
     yield
-    _GATE.set()
+    open_all()
     for i in range(v.device_count()):
         v.set_stream(v.default_stream(i))
 

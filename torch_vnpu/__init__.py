@@ -100,6 +100,12 @@ def _register() -> None:
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
+    import os
+
+    if os.environ.get("VNPU_SANITIZE", "0").strip() not in ("", "0"):  # imported only when asked for
+        from . import sanitizer
+
+        sanitizer._enable_from_environment()
 
 
 _installed = _installed_copy()

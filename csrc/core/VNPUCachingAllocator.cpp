@@ -43,10 +43,32 @@ constexpr size_t kRoundLarge = 2097152;             // large segments round to t
 
 struct Block;
 struct ExpandableSegment;
+struct PrivatePool;
 struct BlockComparator {
   bool operator()(const Block* a, const Block* b) const;
 };
-using BlockPool = std::set<Block*, BlockComparator>;
+// Free blocks of one size class, of the device's general pools or of a graph's private pool.
+struct BlockPool : std::set<Block*, BlockComparator> {
+  explicit BlockPool(bool is_small, PrivatePool* of = nullptr) : small(is_small), owner(of) {}
+  const bool small;            // the small (<= 1 MiB requests) size class
+  PrivatePool* const owner;    // the graph pool it belongs to, or null
+};
+
+// Note [Graph memory pools]
+// A graph's allocations (CUDA's beginAllocateToPool) come from a private pool
+// of classic segments that only that capture (or captures sharing its pool id)
+// use, so the addresses baked into the graph stay the graph's until it is
+// reset: blocks freed during the capture are reused by later allocations of
+// the capture only, in capture order, which replays keep. use_count counts the
+// graphs holding the pool; at zero, its free segments go back to the device at
+// the next empty_cache (or OOM retry), and blocks still held by tensors go when
+// those die, as CUDA's releasePool.
+struct PrivatePool {
+  PrivatePool() : small(true, this), large(false, this) {}
+  BlockPool small, large;
+  int use_count = 1;           // graphs holding the pool
+  int segments = 0;            // classic segments it owns (count)
+};
 
 struct Block {
   DeviceIndex device;
@@ -204,9 +226,20 @@ class DeviceCachingAllocator {
   Block* malloc_locked(size_t orig, vnpuStream_t stream, const Context& context) {
     process_events();
     size_t size = round_size(orig);
-    BlockPool& pool = size <= kSmallSize ? small_ : large_;
+    PrivatePool* graph_pool = nullptr;  // See Note [Graph memory pools]
+    for (auto& [id, filter] : captures_underway_) {
+      if (filter(stream)) {
+        graph_pool = graph_pools_.at(id).get();
+        break;
+      }
+    }
+    BlockPool& pool = graph_pool != nullptr ? (size <= kSmallSize ? graph_pool->small : graph_pool->large)
+                                            : (size <= kSmallSize ? small_ : large_);
     Block* block = take_free(pool, stream, size);
-    if (block == nullptr) block = use_expandable_ ? grow(pool, stream, size, orig) : alloc_segment(pool, stream, size, orig);
+    if (block == nullptr) {
+      block = use_expandable_ && graph_pool == nullptr ? grow(pool, stream, size, orig)
+                                                       : alloc_segment(pool, stream, size, orig);
+    }
     if (should_split(block, size)) insert_free(split_after(block, size));
     block->allocated = true;
     block->requested = orig;
@@ -231,6 +264,45 @@ class DeviceCachingAllocator {
                                      stats_.reserved_bytes[agg].current, c10::Device(c10::DeviceType::PrivateUse1, device_));
   }
 
+  // ---- graph pools: See Note [Graph memory pools] ---------------------------------------------
+
+  void begin_allocate_to_pool(MempoolId_t id, std::function<bool(vnpuStream_t)> filter) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto it = graph_pools_.find(id);
+    if (it == graph_pools_.end()) {
+      graph_pools_.emplace(id, std::make_unique<PrivatePool>());
+    } else {
+      TORCH_CHECK(it->second->use_count > 0, "vnpu graph pool (", id.first, ", ", id.second,
+                  ") was released and cannot be shared any more; capture with a new pool");
+      ++it->second->use_count;
+    }
+    captures_underway_.emplace_back(id, std::move(filter));
+  }
+
+  void end_allocate_to_pool(MempoolId_t id) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
+      if (it->first == id) {
+        captures_underway_.erase(it);
+        break;
+      }
+    }
+    if (captures_underway_.empty()) {
+      // Blocks freed during the capture while other streams used them: their events now (see free()).
+      auto deferred = std::move(deferred_until_no_capture_);
+      deferred_until_no_capture_.clear();
+      for (Block* b : deferred) free_after_stream_uses(b);
+    }
+  }
+
+  void release_pool(MempoolId_t id) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto it = graph_pools_.find(id);
+    if (it == graph_pools_.end()) return;
+    TORCH_INTERNAL_ASSERT(it->second->use_count > 0);
+    --it->second->use_count;  // memory goes back at the next empty_cache once 0
+  }
+
   void free(Block* block, const Context& context) {
     std::lock_guard<std::recursive_mutex> g(mu_);
     block->allocated = false;
@@ -244,18 +316,28 @@ class DeviceCachingAllocator {
     if (is_oversize(block)) stats_.oversize_allocations.decrease(1);
     report_to_profiler(block->ptr, -static_cast<int64_t>(block->size));
     if (!block->stream_uses.empty()) {
-      // Reuse only after every stream that used the block is past this point.
-      for (vnpuStream_t s : block->stream_uses) {
-        vnpuEvent_t e = nullptr;
-        VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
-        VNPU_CHECK(vnpuEventRecord(e, s));
-        ++block->event_count;
-        events_.emplace_back(e, block);
+      // An event recorded now on a capturing stream would be part of the graph: wait for the
+      // captures to end, as CUDA's allocator does (the block stays out of every pool meanwhile).
+      if (!captures_underway_.empty()) {
+        deferred_until_no_capture_.push_back(block);
+        return;
       }
-      block->stream_uses.clear();
+      free_after_stream_uses(block);
       return;
     }
     free_block(block);
+  }
+
+  // Reuse only after every stream that used the block is past this point.
+  void free_after_stream_uses(Block* block) {
+    for (vnpuStream_t s : block->stream_uses) {
+      vnpuEvent_t e = nullptr;
+      VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
+      VNPU_CHECK(vnpuEventRecord(e, s));
+      ++block->event_count;
+      events_.emplace_back(e, block);
+    }
+    block->stream_uses.clear();
   }
 
   // Frees the block that starts at `ptr` (the DataPtr's deleter).
@@ -314,7 +396,7 @@ class DeviceCachingAllocator {
       seg.device = device_;
       seg.address = reinterpret_cast<size_t>(first->ptr);
       seg.stream = first->stream;
-      seg.is_large = first->pool == &large_;
+      seg.is_large = !first->pool->small;
       seg.is_expandable = first->expandable != nullptr;
       seg.context_when_allocated = first->context_when_segment_allocated;
       for (Block* b = first; b != stop; b = b->next) {
@@ -435,7 +517,7 @@ class DeviceCachingAllocator {
   void update(c10::CachingAllocator::StatArray& arr, const BlockPool& pool, size_t amount, bool increase) {
     StatTypes types{};
     types[static_cast<size_t>(StatType::AGGREGATE)] = true;
-    types[static_cast<size_t>(&pool == &small_ ? StatType::SMALL_POOL : StatType::LARGE_POOL)] = true;
+    types[static_cast<size_t>(pool.small ? StatType::SMALL_POOL : StatType::LARGE_POOL)] = true;
     c10::CachingAllocator::for_each_selected_stat_type(types, [&](size_t t) {
       if (increase) arr[t].increase(amount); else arr[t].decrease(amount);
     });
@@ -503,7 +585,7 @@ class DeviceCachingAllocator {
       if (size < cfg_.max_split_size && b->size >= cfg_.max_split_size) return nullptr;
       if (size >= cfg_.max_split_size && b->size >= size + cfg_.max_non_split_rounding) return nullptr;
       // Don't hand a huge cached block to a small request (fragmentation).
-      if (&pool == &large_ && b->size > size + cfg_.large_segment_size && !b->is_split() && b->size >= size * 2)
+      if (!pool.small && b->size > size + cfg_.large_segment_size && !b->is_split() && b->size >= size * 2)
         return nullptr;
     }
     remove_free(b);
@@ -512,7 +594,7 @@ class DeviceCachingAllocator {
 
   bool should_split(const Block* b, size_t size) const {
     const size_t rest = b->size - size;
-    if (b->pool == &small_ || b->expandable != nullptr) return rest >= kMinBlockSize;
+    if (b->pool->small || b->expandable != nullptr) return rest >= kMinBlockSize;
     return size < cfg_.max_split_size && rest > kSmallSize;
   }
 
@@ -522,13 +604,14 @@ class DeviceCachingAllocator {
     const size_t n = segment_size(size);
     garbage_collect();
     void* ptr = nullptr;
-    vnpuError_t err = device_malloc(&ptr, n);
+    const bool for_graph = pool.owner != nullptr;
+    vnpuError_t err = device_malloc(&ptr, n, for_graph);
     if (err == vnpuErrorMemoryAllocation) {
       // Free every cached segment and retry once, as CUDA's allocator does. A pending kernel error
       // surfacing here is raised (as cudaFree would), after the bookkeeping is complete.
       ++stats_.num_alloc_retries;
       VNPU_CHECK(release_cached());
-      err = device_malloc(&ptr, n);
+      err = device_malloc(&ptr, n, for_graph);
     }
     if (err == vnpuErrorMemoryAllocation) oom(orig, size, n, stream, /*contiguous=*/true);
     VNPU_CHECK(err);
@@ -537,15 +620,21 @@ class DeviceCachingAllocator {
     b->context_when_segment_allocated = call_context();
     record_trace(TraceEntry::SEGMENT_ALLOC, ptr, n, stream, call_context());
     segments_.insert(b);
+    if (pool.owner != nullptr) ++pool.owner->segments;
     update(stats_.segment, pool, 1, true);
     update(stats_.reserved_bytes, pool, n, true);
     if (n >= cfg_.max_split_size) stats_.oversize_segments.increase(1);
     return b;
   }
 
-  vnpuError_t device_malloc(void** ptr, size_t n) {
+  // `for_graph`: a segment of a graph's pool, taken while its capture is underway: allowed in any
+  // capture mode (as CUDA's allocator relaxes the thread's mode around cudaMalloc then).
+  vnpuError_t device_malloc(void** ptr, size_t n, bool for_graph) {
     DeviceIndex prev = ExchangeDevice(device_);
+    vnpuStreamCaptureMode mode = vnpuStreamCaptureModeRelaxed;
+    if (for_graph) vnpuThreadExchangeStreamCaptureMode(&mode);
     vnpuError_t err = vnpuMalloc(ptr, n);
+    if (for_graph) vnpuThreadExchangeStreamCaptureMode(&mode);
     set_device(prev);
     return err;
   }
@@ -598,7 +687,7 @@ class DeviceCachingAllocator {
   ExpandableSegment* new_segment(BlockPool& pool, vnpuStream_t stream) {
     auto es = std::make_unique<ExpandableSegment>();
     es->stream = stream;
-    es->small = &pool == &small_;
+    es->small = pool.small;
     es->page = kSmallBuffer;  // both pools: mapping is cheap, and bigger pages strand memory on small devices
     es->size = address_space_size();
     void* base = nullptr;
@@ -649,7 +738,7 @@ class DeviceCachingAllocator {
   // address range. Only the pages then decide, and they may come from anywhere on the device.
   vnpuError_t try_grow(BlockPool& pool, vnpuStream_t stream, size_t size, Block** out) {
     if (size > address_space_size()) return vnpuErrorMemoryAllocation;  // more than the device holds
-    auto it = expandable_.find(std::make_pair(stream, &pool == &small_));
+    auto it = expandable_.find(std::make_pair(stream, pool.small));
     if (it != expandable_.end()) {
       for (auto& es : it->second) {
         if (Block* first = find_run(es.get(), size)) return map_run(first, size, out);
@@ -834,6 +923,11 @@ class DeviceCachingAllocator {
       }
     }
     for (ExpandableSegment* es : empty) drop_segment(es);
+    // Graph pools no graph holds any more and whose memory is all back: See Note [Graph memory pools].
+    for (auto it = graph_pools_.begin(); it != graph_pools_.end();) {
+      if (it->second->use_count == 0 && it->second->segments == 0) it = graph_pools_.erase(it);
+      else ++it;
+    }
     return first;
   }
 
@@ -845,13 +939,22 @@ class DeviceCachingAllocator {
         if (b->expandable != nullptr || !b->is_split()) out.push_back(b);
       }
     }
+    for (auto& [id, pp] : graph_pools_) {  // only pools no graph holds: See Note [Graph memory pools]
+      if (pp->use_count > 0) continue;
+      for (BlockPool* pool : {&pp->small, &pp->large}) {
+        for (Block* b : *pool) {
+          if (!b->is_split()) out.push_back(b);
+        }
+      }
+    }
     return out;
   }
 
   vnpuError_t release_block(Block* b) {
     if (b->expandable != nullptr) return unmap_pages(b);
     vnpuError_t err = vnpuFree(b->ptr);  // synchronizes the device, like cudaFree
-    if (err == vnpuErrorInvalidValue) return err;  // not a block of the device: nothing was freed
+    // Not a block of the device, or refused during a graph capture: nothing was freed.
+    if (err == vnpuErrorInvalidValue || err == vnpuErrorStreamCaptureUnsupported) return err;
     BlockPool& pool = *b->pool;
     record_trace(TraceEntry::SEGMENT_FREE, b->ptr, b->size, b->stream, nullptr);
     pool.erase(b);  // freed even if a pending kernel error is reported: See Note [Errors while releasing memory]
@@ -859,6 +962,7 @@ class DeviceCachingAllocator {
     update(stats_.segment, pool, 1, false);
     update(stats_.reserved_bytes, pool, b->size, false);
     if (b->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
+    if (pool.owner != nullptr) --pool.owner->segments;
     segments_.erase(b);
     delete b;
     return err;
@@ -888,7 +992,11 @@ class DeviceCachingAllocator {
   size_t capacity_ = 0;           // bytes of the device
   bool use_expandable_ = false;
   std::recursive_mutex mu_;  // guards everything below
-  BlockPool small_, large_;
+  BlockPool small_{true}, large_{false};
+  // See Note [Graph memory pools]: pools by id, and the captures allocating now (pool id, which streams).
+  std::map<MempoolId_t, std::unique_ptr<PrivatePool>> graph_pools_;
+  std::vector<std::pair<MempoolId_t, std::function<bool(vnpuStream_t)>>> captures_underway_;
+  std::vector<Block*> deferred_until_no_capture_;  // freed blocks waiting for their stream-use events
   ska::flat_hash_map<void*, Block*> active_;           // allocated blocks by pointer
   std::set<Block*> segments_;                          // first block of each classic segment
   // (stream, small) -> its expandable segments, oldest first
@@ -991,6 +1099,13 @@ void emptyCache() {
 }
 
 DeviceStats getDeviceStats(DeviceIndex d) { return device_allocator(d).stats(); }
+
+void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(vnpuStream_t)> filter) {
+  device_allocator(device).begin_allocate_to_pool(id, std::move(filter));
+}
+void endAllocateToPool(DeviceIndex device, MempoolId_t id) { device_allocator(device).end_allocate_to_pool(id); }
+void releasePool(DeviceIndex device, MempoolId_t id) { device_allocator(device).release_pool(id); }
+
 void resetPeakStats(DeviceIndex d) { device_allocator(d).reset_peak(); }
 void resetAccumulatedStats(DeviceIndex d) { device_allocator(d).reset_accumulated(); }
 

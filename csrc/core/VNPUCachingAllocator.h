@@ -38,6 +38,14 @@ void recordStream(const DataPtr& ptr, VNPUStream stream);
 // Releases all unused cached segments of every device (synchronizes devices first).
 void emptyCache();
 c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex device);
+// Graph memory pools (CUDA's beginAllocateToPool / endAllocateToPool / releasePool; see Note [Graph
+// memory pools] in the .cpp). While a capture is underway, allocations on `device` from streams that
+// `filter` accepts come from pool `id` (created on first use with one holder; each further begin on
+// an existing pool adds a holder). releasePool drops a holder; a pool with none left returns its
+// memory at the next emptyCache (a block still held by a tensor, once that tensor dies).
+void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(vnpuStream_t)> filter);
+void endAllocateToPool(DeviceIndex device, MempoolId_t id);
+void releasePool(DeviceIndex device, MempoolId_t id);
 void resetPeakStats(DeviceIndex device);
 void resetAccumulatedStats(DeviceIndex device);
 

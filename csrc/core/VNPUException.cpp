@@ -44,6 +44,16 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
       TORCH_CHECK(false,
                   "Cannot re-initialize vNPU in forked subprocess. To use vNPU with "
                   "multiprocessing, you must use the 'spawn' start method");
+    case vnpuErrorStreamCaptureUnsupported:
+    case vnpuErrorStreamCaptureInvalidated:
+    case vnpuErrorStreamCaptureIsolation:
+    case vnpuErrorStreamCaptureWrongThread:
+    case vnpuErrorCapturedEvent:
+    case vnpuErrorIllegalState:
+      // Graph capture (CUDA's codes): the runtime's message names the call and what to do.
+      throw_accelerator_error(err, func, file, line,
+                              std::string("vNPU error: ") + vnpuGetErrorString(err) + ": " + vnpuGetLastErrorString() +
+                                  where);
     case vnpuErrorInvalidDevice:
       throw_accelerator_error(err, func, file, line, "vNPU error: invalid device ordinal" + where);
     default:

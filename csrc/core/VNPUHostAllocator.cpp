@@ -41,7 +41,12 @@ struct VNPUCachingHostAllocatorImpl : public at::CachingHostAllocatorImpl<Stream
   }
   bool query_event(HostEvent& event) override { return vnpuEventQuery(event.e) == vnpuSuccess; }
   Stream get_current_stream() const override { return c10::vnpu::getCurrentVNPUStream(); }
-  bool stream_is_capturing(Stream) const override { return false; }
+  // While a graph captures, PyTorch's host allocator keeps blocks used by the capture until it ends (an event
+  // recorded then would be part of the graph).
+  bool stream_is_capturing(Stream stream) const override {
+    vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+    return vnpuStreamIsCapturing(stream.stream(), &status) == vnpuSuccess && status != vnpuStreamCaptureStatusNone;
+  }
 };
 
 void raw_local_deleter(void* ptr);

@@ -18,25 +18,46 @@ namespace {
 // The accesses host_scalar declared for the launch that follows on this thread (sanitizer only).
 thread_local sanitizer::Accesses t_pending;
 
+// Enqueues run(args) under `name`; throws on a bad device or (VNPU_LAUNCH_BLOCKING=1) the kernel's own error.
+// `accesses`: the memory the kernel touches, for VNPU_SANITIZE (nullptr: not declared).
+void enqueue(const char* name, long device, void (*run)(void*), std::shared_ptr<void> owned,
+             const sanitizer::Accesses* accesses) {
+  c10::vnpu::check_device_index(static_cast<DeviceIndex>(device));
+  // The launch as an operator named after the kernel, for torch.profiler
+  // (Inductor's Triton launcher does the same on CUDA); free when no
+  // profiler is on.
+  RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
+  // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
+  // the fused kernels use OpenMP too.
+  launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); },
+         sanitizer::enabled() ? accesses : nullptr);
+}
+
 int launch_kernel(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*)) {
   // Owned from here on: freed after the kernel ran, or now if it cannot be enqueued.
   std::shared_ptr<void> owned(args, destroy);
   try {
-    c10::vnpu::check_device_index(static_cast<DeviceIndex>(device));
-    // The launch as an operator named after the kernel, for torch.profiler
-    // (Inductor's Triton launcher does the same on CUDA); free when no
-    // profiler is on.
-    RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
-    // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
-    // the fused kernels use OpenMP too.
     sanitizer::Accesses acc = std::move(t_pending);
     t_pending = sanitizer::Accesses();
-    launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); },
-           sanitizer::enabled() ? &acc : nullptr);
+    enqueue(name, device, run, std::move(owned), &acc);
     return 0;
   } catch (...) {
     t_pending = sanitizer::Accesses();
     torch::translate_exception_to_python(std::current_exception());
+    return -1;
+  }
+}
+
+int launch_kernel_without_gil(const char* name, long device, void (*run)(void*), void* args,
+                              void (*destroy)(void*)) {
+  std::shared_ptr<void> owned(args, destroy);
+  try {
+    enqueue(name, device, run, std::move(owned), nullptr);  // C++ wrapper kernels: not declared to the sanitizer
+    return 0;
+  } catch (...) {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    torch::translate_exception_to_python(std::current_exception());
+    PyGILState_Release(gil);
     return -1;
   }
 }
@@ -70,7 +91,8 @@ int host_scalar(PyObject* obj, void* dst, size_t capacity, int writes) {
 }  // namespace
 
 const InductorLaunchApi* inductor_launch_api() {
-  static const InductorLaunchApi api{kInductorLaunchApiVersion, &launch_kernel, &host_scalar};
+  static const InductorLaunchApi api{kInductorLaunchApiVersion, &launch_kernel, &host_scalar,
+                                     &launch_kernel_without_gil};
   return &api;
 }
 

@@ -32,8 +32,9 @@ struct _object;  // PyObject
 namespace at::vnpu {
 
 // The C ABI the generated bindings call, published as the capsule
-// torch_vnpu._C._inductor_launch_api. All entry points are called with the GIL
-// held and return -1 with a Python exception set on failure.
+// torch_vnpu._C._inductor_launch_api. Entry points return -1 with a Python
+// exception set on failure; all but launch_without_gil are called with the GIL
+// held.
 struct InductorLaunchApi {
   int version;  // kInductorLaunchApiVersion
   // Enqueues run(args) on the current stream of vnpu device `device` under
@@ -47,9 +48,12 @@ struct InductorLaunchApi {
   // is a CPU tensor of at most `capacity` bytes, which were copied to `dst`
   // (Note [Host scalars in vnpu kernels]); -1 otherwise.
   int (*host_scalar)(_object* obj, void* dst, size_t capacity, int writes);
+  // As launch, called without the GIL (from the C++ wrapper); on failure it
+  // takes the GIL to set the Python exception.
+  int (*launch_without_gil)(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*));
 };
 
-constexpr int kInductorLaunchApiVersion = 2;
+constexpr int kInductorLaunchApiVersion = 3;
 
 const InductorLaunchApi* inductor_launch_api();
 

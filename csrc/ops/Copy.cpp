@@ -86,6 +86,17 @@ void synchronize_or_record(const Tensor& pinned, const c10::vnpu::VNPUStream& st
 void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentVNPUStream(dst.device().index());
+  if (!src.is_pinned()) {
+    // A pageable source would be read now, not at each replay: the runtime refuses such a copy on a
+    // capturing stream (and invalidates the capture, as CUDA). The staged paths below never ask the
+    // runtime, so a capturing stream gets the runtime's refusal first.
+    vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+    VNPU_CHECK(vnpuStreamIsCapturing(stream.stream(), &status));
+    if (status != vnpuStreamCaptureStatusNone) {
+      const char byte = 0;
+      VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), &byte, 1, vnpuMemcpyHostToDevice, stream.stream()));
+    }
+  }
   if (same_dense_layout(dst, src)) {
     VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
                                stream.stream()));

@@ -10,6 +10,7 @@
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUGeneratorImpl.h"
+#include "../core/VNPUGraph.h"
 #include "../core/VNPUStream.h"
 #include "../sanitizer/Sanitizer.h"
 
@@ -176,6 +177,7 @@ struct OpInfo {
   bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
   bool meta_lacks_checks = false;           // Note [Checks Meta kernels lack]
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
+  int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -257,6 +259,10 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
     info.path = Path::InplaceView;
   } else if (view) {
     info.path = Path::View;
+  } else if (const char* arg = sync_only_for_masks(info.name); arg != nullptr) {
+    for (size_t i = 0; i < schema.arguments().size(); ++i)
+      if (schema.arguments()[i].name() == arg) info.sync_if_mask_arg = static_cast<int>(i);
+    TORCH_INTERNAL_ASSERT(info.sync_if_mask_arg >= 0, info.name, " has no argument ", arg);
   } else if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
              data_dependent_return) {
     info.path = Path::Sync;  // expected: the output depends on the data, as on CUDA
@@ -406,6 +412,10 @@ struct Slot {
   IValue value;
   std::vector<TensorSpec> specs;
   uint64_t seed = 0;  // Gen: CPU generator seed
+  // Gen inside a graph capture: the seed comes from the replay's base at run
+  // time (Note [Random numbers in graphs], VNPUGraph.h).
+  std::shared_ptr<PhiloxBase> philox;
+  uint64_t philox_offset = 0;  // this draw's offset within the graph
 };
 
 uint64_t mix(uint64_t x) {  // splitmix64 finalizer
@@ -423,15 +433,19 @@ int64_t max_numel(ArrayRef<IValue> args) {
   return n;
 }
 
-// Seed of the CPU generator standing in for a vnpu Generator argument.
-uint64_t generator_seed(const IValue& g, DeviceIndex dev, int64_t numel) {
+uint64_t philox_seed(uint64_t seed, uint64_t offset) { return mix(seed ^ mix(offset)); }
+
+// The CPU generator seed standing in for a vnpu Generator argument: fixed now,
+// or (in a graph capture) read from the replay's base when the task runs.
+void generator_slot(Slot& s, const IValue& g, DeviceIndex dev, int64_t numel) {
   Generator gen = g.isGenerator() ? g.toGenerator() : getDefaultVNPUGenerator(dev);
   TORCH_CHECK(gen.device().type() == kVNPU, "Expected a 'vnpu' device type for generator but found '",
               gen.device().type(), "'");
   auto* impl = gen.get<VNPUGeneratorImpl>();
+  if (graph_philox_inputs(impl, dev, static_cast<uint64_t>(numel), &s.philox, &s.philox_offset)) return;
   std::lock_guard<std::mutex> lock(impl->mutex_);
   auto [seed, offset] = impl->philox_engine_inputs(static_cast<uint64_t>(numel));
-  return mix(seed ^ mix(offset));
+  s.seed = philox_seed(seed, offset);
 }
 
 Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64_t numel) {
@@ -440,7 +454,7 @@ Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64
   if (kind == c10::TypeKind::OptionalType) kind = arg.type()->cast<c10::OptionalType>()->getElementType()->kind();
   if (kind == c10::TypeKind::GeneratorType) {
     s.kind = Slot::Gen;
-    s.seed = generator_seed(v, dev, numel);
+    generator_slot(s, v, dev, numel);
   } else if (v.isTensor()) {
     s.kind = Slot::Tensor;
     s.specs.push_back(spec_of(v.toTensor()));
@@ -472,7 +486,9 @@ IValue materialize(const Slot& s, AliasContext& ctx) {
       for (const auto& sp : s.specs) l.push_back(sp.defined ? std::optional<Tensor>(ctx.make(sp)) : std::nullopt);
       return l;
     }
-    case Slot::Gen: return at::make_generator<at::CPUGeneratorImpl>(s.seed);
+    case Slot::Gen:
+      return at::make_generator<at::CPUGeneratorImpl>(
+          s.philox ? philox_seed(s.philox->seed, s.philox->offset + s.philox_offset) : s.seed);
   }
   return IValue();
 }
@@ -1033,6 +1049,13 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // check it, CPU's raises at the call. An empty out=/in-place argument is not
   // an empty input: composites call `op.out(empty(0), ...)` all the time.
   if (info.sync_if_arg >= 0 && !args[info.sync_if_arg].isNone()) return run_sync(op, info, stack, dev);
+  if (info.sync_if_mask_arg >= 0 && args[info.sync_if_mask_arg].isList()) {
+    for (const IValue& e : args[info.sync_if_mask_arg].toListRef()) {
+      if (!e.isTensor() || !e.toTensor().defined()) continue;
+      const auto st = e.toTensor().scalar_type();
+      if (st == ScalarType::Bool || st == ScalarType::Byte) return run_sync(op, info, stack, dev);
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
@@ -1141,7 +1164,16 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
-  c10::vnpu::getCurrentVNPUStream(dev).synchronize();
+  if (vnpuError_t err = vnpuStreamSynchronize(c10::vnpu::getCurrentVNPUStream(dev).stream());
+      err == vnpuErrorStreamCaptureUnsupported) {
+    // Name the op: "vnpuStreamSynchronize" alone does not tell which line of a model did it.
+    TORCH_CHECK(false, info.name, " runs synchronously on vnpu (", info.path == Path::Sync ? "its output depends on "
+                "the data, or it checks data on the host, as on CUDA" : "its first call with these input "
+                "layouts, an empty input, or no Meta kernel: run the captured code once before capturing (warm-up)",
+                ") and so waits for the stream. ", vnpuGetErrorString(err), ": ", vnpuGetLastErrorString());
+  } else {
+    VNPU_CHECK(err);
+  }
 
   // Note [Synchronous kernels run on aliases]: every argument is a CPU alias
   // of device memory, so the kernel sees exactly the aliasing CPU would (an

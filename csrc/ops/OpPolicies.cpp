@@ -39,4 +39,8 @@ const char* host_checks_data(const std::string& name) {
   return it == ops.end() ? nullptr : it->second;
 }
 
+const char* sync_only_for_masks(const std::string& name) {
+  return name == "aten::index.Tensor" ? "indices" : nullptr;
+}
+
 }  // namespace at::vnpu

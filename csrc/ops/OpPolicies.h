@@ -37,4 +37,11 @@ bool meta_lacks_checks(const std::string& name);
 // checks, else the name of the argument whose presence makes it check.
 const char* host_checks_data(const std::string& name);
 
+// Ops tagged dynamic_output_shape whose output shape depends on the data only
+// for boolean (or uint8) mask arguments: x[mask] counts the mask's ones (CUDA
+// synchronizes for it: nonzero), x[int_idx] has the index's shape and CUDA's
+// kernel runs asynchronously. Returns the name of the list argument whose masks
+// make the op synchronous, or nullptr.
+const char* sync_only_for_masks(const std::string& name);
+
 }  // namespace at::vnpu

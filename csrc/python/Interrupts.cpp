@@ -68,6 +68,25 @@ int poll_signals() {
   throw e;
 }
 
+// Note [Waits release the GIL]
+// A kernel written in Python (a torch.library op registered for the CPU, run
+// on vnpu tensors) runs on the stream's worker and takes the GIL there. A host
+// wait reached from C++ code that holds the GIL (torch's Python indexing with
+// a 0-dim index tensor calls item() so) then waited for a kernel that waited
+// for the GIL: a deadlock. Interruptible waits release the GIL when the
+// waiting thread holds it, as the Python bindings of synchronize() do. Not
+// under NoInterruptGuard: a thread holding the GIL may wait for the lock held
+// there, and retaking the GIL afterwards could then deadlock.
+void* release_gil() {
+  if (!c10::vnpu::interrupts_allowed() || !Py_IsInitialized() || _Py_IsFinalizing() || !PyGILState_Check())
+    return nullptr;
+  return PyEval_SaveThread();
+}
+
+void restore_gil(void* state) {
+  if (state != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(state));
+}
+
 }  // namespace
 
 void install_interrupt_handling() {
@@ -75,6 +94,7 @@ void install_interrupt_handling() {
   g_main_thread.store(threading.attr("main_thread")().attr("ident").cast<unsigned long>());
   c10::vnpu::set_interrupt_raiser(&raise_pending);
   vnpuSetWaitInterruptHook(&poll_signals, kSliceUs);
+  vnpuSetBlockingWaitHooks(&release_gil, &restore_gil);
 }
 
 }  // namespace torch_vnpu

@@ -5,6 +5,7 @@
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUGeneratorImpl.h"
+#include "../core/VNPUGraph.h"
 #include "../core/VNPUHooks.h"
 #include "../core/VNPUHostAllocator.h"
 #include "../core/VNPUStream.h"
@@ -107,6 +108,7 @@ PYBIND11_MODULE(_C, m) {
   at::vnpu::release_openmp_pool_when_workers_idle();
   at::vnpu::set_interrupt_test(&is_python_interrupt);
   torch_vnpu::install_interrupt_handling();
+  at::vnpu::register_graph_impl();  // torch.accelerator.Graph on vnpu
   at::vnpu::sanitizer::install();
 
   m.def("_device_count", &c10::vnpu::device_count);
@@ -173,6 +175,11 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // Memory.
+  m.def("_graph_pool_handle", [] {
+    auto id = at::vnpu::graph_pool_handle();
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("_is_current_stream_capturing", &at::vnpu::is_current_stream_capturing);
   m.def("_empty_cache", &c10::vnpu::allocator::emptyCache, py::call_guard<py::gil_scoped_release>());
   m.def("_memory_stats", &memory_stats);
   m.def("_reset_peak_memory_stats", &c10::vnpu::allocator::resetPeakStats);

@@ -4,7 +4,9 @@ How a compiled graph runs (see docs/ARCHITECTURE.md, "How a compiled graph
 reaches the stream"): Inductor's CPU code generator emits the fused C++
 kernels; the Python wrapper of the graph runs on the calling thread, allocates
 from the vnpu caching allocator, calls extern kernels through the eager executor
-and enqueues every fused kernel on the current vnpu stream.
+and enqueues every fused kernel on the current vnpu stream. With
+``torch._inductor.config.cpp_wrapper = True`` the same happens from C++
+(:mod:`.cpp_wrapper`).
 
 Registration is lazy, so ``import torch`` does not import Dynamo or Inductor
 (torch 2.13 has no ``_inductor_backend_init`` hook):
@@ -39,6 +41,7 @@ def register_inductor() -> None:
     if _inductor_registered:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
+    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
 
     from . import cpu_assumptions, flex_attention
     from .cache_key import VnpuCodegenVersion
@@ -47,6 +50,8 @@ def register_inductor() -> None:
 
     register_dynamo()
     cpu_assumptions.apply()
+    # The C++ wrapper's device constant (aoti_torch_device_type_privateuse1()); vnpu is PrivateUse1.
+    DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
     register_device_op_overrides(_DEVICE, VnpuDeviceOpOverrides())
     flex_attention.register_lowering()
     register_backend_for_device(

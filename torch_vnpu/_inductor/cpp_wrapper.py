@@ -1,16 +1,368 @@
-"""Inductor's C++ wrapper (``torch._inductor.config.cpp_wrapper = True``) for vnpu: not supported yet."""
+"""Inductor's C++ wrapper (``torch._inductor.config.cpp_wrapper = True``) for vnpu graphs.
+
+Inductor's ``CppWrapperCpu`` generates the graph's entry function in C++; it
+runs on the calling thread without the GIL, as the Python wrapper's ``call()``
+does with it. vnpu keeps the Python wrapper's execution model (see
+docs/ARCHITECTURE.md, "How a compiled graph reaches the stream"):
+
+* buffers come from ``aoti_torch_empty_strided`` on the vnpu device, i.e. the
+  caching allocator on the current stream;
+* extern kernels (mm, convolution, sdpa, every ATen fallback) are called
+  through the dispatcher (the C shim's ``aoti_torch_call_dispatcher``, or
+  ``c10::Dispatcher`` for schemas the stable ABI cannot hold), so they are vnpu
+  ops the executor enqueues on the current stream. CPU's C shims
+  (``aoti_torch_cpu_mm_out``...) call ATen's CPU kernels directly, on the host,
+  outside stream order: a vnpu graph never calls them;
+* each fused C++ kernel of a vnpu node is enqueued on the current stream of the
+  graph's device, with its arguments captured by value in a lambda
+  (:data:`_RUNTIME`), through ``InductorLaunchApi::launch_without_gil``
+  (csrc/inductor/KernelLaunch.h); kernels of CPU nodes run on the host, as in
+  the Python wrapper.
+
+Errors: a launch error (bad device; a kernel's own error under
+``VNPU_LAUNCH_BLOCKING=1``) raises the exception eager raises
+(``torch.AcceleratorError``); extern kernels' C++ exceptions are translated
+like eager's (:class:`VnpuCppWrapperCodeCache`). Kernel errors otherwise are
+the runtime's sticky errors, naming the kernel and its graph.
+
+AOTInductor (``aoti_compile_and_package``) is not supported on vnpu: it
+raises NotImplementedError.
+"""
 
 from __future__ import annotations
 
+import re
+
+import torch
+from torch._inductor import ir
+from torch._inductor.codecache import CppWrapperCodeCache
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch._inductor.utils import clear_on_fresh_cache
+from torch._inductor.virtualized import V
+
+from .wrapper import _graph_label
+
+_DEVICE = "vnpu"
+
+# C++ spliced into the header of every C++ wrapper of a vnpu graph.
+_RUNTIME = r"""
+// torch_vnpu: fused kernels on the vnpu stream (torch_vnpu/_inductor/cpp_wrapper.py,
+// Note [Compiled kernels on the stream] in csrc/inductor/KernelLaunch.h).
+#include <c10/core/DeviceGuard.h>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+namespace torch_vnpu_cpp_wrapper {
+
+// at::vnpu::InductorLaunchApi, version 3.
+struct LaunchApi {
+  int version;
+  int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
+  int (*host_scalar)(PyObject*, void*, size_t, int);
+  int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
+};
+
+static const LaunchApi* api = nullptr;
+
+// Thrown when a Python exception is already set; the entry function returns it.
+struct PythonErrorSet : std::runtime_error {
+  PythonErrorSet() : std::runtime_error("torch_vnpu: a Python exception is set") {}
+};
+
+// Called at the top of the entry function, with the GIL held.
+static inline void init() {
+  if (api) return;
+  auto* found = static_cast<const LaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
+  if (!found) throw PythonErrorSet();
+  if (found->version != 3) {
+    PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu graph was built for another torch_vnpu version");
+    throw PythonErrorSet();
+  }
+  api = found;
+}
+
+// Enqueues kernel() on the current stream of vnpu device `device`; the lambda
+// holds the kernel's arguments by value until it ran.
+template <typename F>
+static inline void launch(const char* name, int64_t device, F&& kernel) {
+  using Fn = std::decay_t<F>;
+  auto* fn = new Fn(std::forward<F>(kernel));
+  if (api->launch_without_gil(name, static_cast<long>(device), [](void* p) { (*static_cast<Fn*>(p))(); }, fn,
+                              [](void* p) { delete static_cast<Fn*>(p); }) != 0) {
+    throw PythonErrorSet();
+  }
+}
+
+// A pointer argument of a vnpu kernel whose tensor may be on the CPU: a 0-dim
+// CPU tensor (an optimizer's step count) is copied at launch, since the host
+// may change it before the kernel runs (Note [Host scalars in vnpu kernels]).
+template <typename T>
+class KernelPtr {
+ public:
+  explicit KernelPtr(AtenTensorHandle t) {
+    void* data = nullptr;
+    int32_t device_type = 0;
+    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(t, &data));
+    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t, &device_type));
+    ptr_ = static_cast<T*>(data);
+    if (device_type != aoti_torch_device_type_cpu()) return;
+    int64_t numel = 0;
+    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(t, &numel));
+    if (numel > 1) {
+      throw std::runtime_error("a compiled vnpu kernel can take a CPU tensor only as a scalar (0-dim), but got one of "
+                               + std::to_string(numel) + " elements");
+    }
+    host_ = true;
+    if (numel == 1) std::memcpy(value_, data, sizeof(T));
+  }
+  T* get() const { return host_ ? reinterpret_cast<T*>(const_cast<unsigned char*>(value_)) : ptr_; }
+
+ private:
+  static_assert(sizeof(T) <= 16, "host scalars are at most 16 bytes");
+  T* ptr_ = nullptr;
+  bool host_ = false;
+  alignas(16) unsigned char value_[16] = {};
+};
+
+// Inductor's device guard of the graph's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int64_t index)
+      : guard_(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index))) {}
+  void set_index(int64_t index) { guard_.set_index(static_cast<c10::DeviceIndex>(index)); }
+
+ private:
+  c10::DeviceGuard guard_;
+};
+
+}  // namespace torch_vnpu_cpp_wrapper
+"""
+
+# The entry's catch clauses (CppWrapperCodeCache.extra_parse_arg, a str.format template: braces are doubled).
+_BASE_CATCH = re.compile(r"\}\} catch\(std::exception const& e\) \{\{.*?\"unhandled error\"\);\s*return nullptr;\s*\}\}",
+                         re.S)
+_VNPU_CATCH = """}} catch(...) {{
+    // A vnpu launch error has set its Python exception; other C++ exceptions (an extern kernel's c10::Error,
+    // AcceleratorError...) get the Python types eager ops raise.
+    if (!PyErr_Occurred()) torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+}}"""
+
+
+def _entry_with_eager_exceptions(extra_parse_arg: str) -> str:
+    result, n = _BASE_CATCH.subn(lambda _: _VNPU_CATCH, extra_parse_arg)
+    if n != 1:
+        raise RuntimeError("torch_vnpu: Inductor's C++ wrapper entry changed; vnpu's error translation needs updating")
+    declaration = (
+        "#include <exception>\n"
+        "namespace torch {{ void translate_exception_to_python(const std::exception_ptr&); }}  // libtorch_python\n"
+    )
+    return declaration + result
+
+
+@clear_on_fresh_cache
+class VnpuCppWrapperCodeCache(CppWrapperCodeCache):
+    """``CppWrapperCodeCache`` whose entry raises eager's exception types (see the module docstring)."""
+
+    cache: dict = {}
+    extra_parse_arg = _entry_with_eager_exceptions(CppWrapperCodeCache.extra_parse_arg)
+
+    @staticmethod
+    def cache_clear() -> None:
+        VnpuCppWrapperCodeCache.cache.clear()
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class VnpuCppWrapperCodegen(CppWrapperCpu):
-    """Raises NotImplementedError: vnpu graphs need the Python wrapper (``cpp_wrapper=False``, the default)."""
+    """``CppWrapperCpu`` for vnpu graphs: fused kernels on the stream, extern kernels through the dispatcher."""
+
+    def __init__(self) -> None:
+        self.device = _DEVICE
+        super().__init__()
+        self.needs_vec_isa = True  # the fused kernels are Inductor's CPU (vectorised) C++
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
-        raise NotImplementedError(
-            "torch._inductor.config.cpp_wrapper=True is not supported on vnpu yet; compile with "
-            "cpp_wrapper=False (the default): the Python wrapper launches the same C++ kernels on the vnpu stream"
+        if V.graph.aot_mode:
+            raise NotImplementedError(
+                "AOTInductor (torch._inductor.aoti_compile_and_package / aot_compile) is not supported on vnpu: "
+                "use torch.compile (with cpp_wrapper=True or the default Python wrapper), or export the model "
+                "on CPU tensors"
+            )
+        return VnpuCppWrapperCodegen()
+
+    # -- header, entry and loading ------------------------------------------------------------------------
+
+    def add_device_include(self, device: str) -> None:
+        if device != _DEVICE:
+            return super().add_device_include(device)
+        if device in self.included_devices:
+            return
+        self.included_devices.add(device)
+        self.header.splice("#include <torch/csrc/inductor/cpp_wrapper/common.h>")
+        self.header.splice(_RUNTIME)
+
+    def _codegen_entry_impl_prologue(self) -> None:
+        self.prefix.writeline("torch_vnpu_cpp_wrapper::init();")
+
+    def _generate_end_jit(self, result) -> None:
+        # Built as CPU code (the kernels are; -O3, OpenMP, vectorisation), loaded by vnpu's code cache.
+        self.device = "cpu"
+        try:
+            super()._generate_end_jit(result)
+        finally:
+            self.device = _DEVICE
+        loads = [i for i, line in enumerate(result._lines)
+                 if isinstance(line, str) and "CppWrapperCodeCache.load_pybinding(" in line]
+        if len(loads) != 1:
+            raise RuntimeError("torch_vnpu: Inductor's C++ wrapper loader changed; vnpu's needs updating")
+        line = result._lines[loads[0]]
+        indent = line[: len(line) - len(line.lstrip())]
+        result._lines[loads[0]] = line.replace("CppWrapperCodeCache.load_pybinding(",
+                                               "VnpuCppWrapperCodeCache.load_pybinding(")
+        result._lines.insert(loads[0], f"{indent}from torch_vnpu._inductor.cpp_wrapper import VnpuCppWrapperCodeCache")
+
+    # -- fused kernels --------------------------------------------------------------------------------------
+
+    def _is_on_vnpu(self, name: str) -> bool:
+        buffer = V.graph.try_get_buffer(name)
+        device = buffer.get_device() if buffer is not None else None
+        return device is not None and device.type == _DEVICE
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, arg_types=None,
+                                     **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if triton or device.type != _DEVICE:
+            return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton,
+                                                        arg_types=arg_types, **kwargs)
+        assert arg_types is not None and len(call_args) == len(arg_types)
+        index = device.index if device.index is not None else torch.vnpu.current_device()
+        captures, params = [], []
+        for i, (arg, arg_type) in enumerate(zip(call_args, arg_types)):
+            arg = str(arg)
+            if isinstance(arg_type, str) and "*" in arg_type:
+                if self._is_on_vnpu(arg):
+                    captures.append(f"a{i} = ({arg_type})({arg}.data_ptr())")
+                    params.append(f"a{i}")
+                else:
+                    element = arg_type.replace("*", "").strip()
+                    captures.append(f"a{i} = torch_vnpu_cpp_wrapper::KernelPtr<{element}>({arg})")
+                    params.append(f"a{i}.get()")
+            else:
+                captures.append(f"a{i} = {arg}")
+                params.append(f"a{i}")
+        name = _c_string(f"{kernel_name} ({_graph_label()})")
+        self.writeline(
+            f"torch_vnpu_cpp_wrapper::launch({name}, {index}, [{', '.join(captures)}]() "
+            f"{{ {kernel_name}({', '.join(params)}); }});"
         )
+
+    # -- extern kernels: through the dispatcher ----------------------------------------------------------------
+
+    @staticmethod
+    def _require_operator(node) -> None:
+        if not isinstance(node.op_overload, torch._ops.OpOverload):
+            raise NotImplementedError(
+                f"cpp_wrapper=True on vnpu: extern kernel {node.get_kernel_name()} has no ATen operator to "
+                "dispatch; compile with cpp_wrapper=False"
+            )
+
+    def _dispatch(self, op_overload, raw_args, output_args, raw_outputs) -> None:
+        """A boxed dispatcher call of ``op_overload``: the vnpu op, which the executor enqueues."""
+        self.generate_fallback_kernel_with_runtime_lookup_boxed(op_overload, raw_args, output_args, raw_outputs)
+
+    @staticmethod
+    def _schema_args(node, *, out=None) -> list:
+        """``node``'s arguments in its operator's schema order (inputs first, then kwargs or defaults)."""
+        positional = [*node.inputs, *node.constant_args]
+        values = []
+        for arg in node.op_overload._schema.arguments:
+            if arg.name == "out" and out is not None:
+                values.append(out)
+            elif positional and not arg.kwarg_only:
+                values.append(positional.pop(0))
+            elif arg.name in node.kwargs:
+                values.append(node.kwargs[arg.name])
+            elif arg.has_default_value():
+                values.append(arg.default_value)
+            else:
+                raise NotImplementedError(f"cpp_wrapper=True on vnpu: no value for argument {arg.name!r} of "
+                                          f"{node.op_overload}; compile with cpp_wrapper=False")
+        if positional:
+            raise NotImplementedError(f"cpp_wrapper=True on vnpu: unexpected arguments {positional} of "
+                                      f"{node.op_overload}; compile with cpp_wrapper=False")
+        return values
+
+    @staticmethod
+    def _on_vnpu(node) -> bool:
+        device = node.get_device()
+        return device is None or device.type == _DEVICE
+
+    def generate_fallback_kernel(self, node: ir.FallbackKernel) -> None:
+        if not self._on_vnpu(node):
+            return super().generate_fallback_kernel(node)
+        # The dispatcher instead of CPU's C shims (the call FallbackKernel.codegen makes for ops without a shim).
+        self.generate_fallback_kernel_with_runtime_lookup(
+            node.get_name(),
+            node.python_kernel_name,
+            lambda: [*node.codegen_args(), *node.codegen_kwargs()],
+            node.op_overload,
+            node.export_extern_kernel_node(),
+            node.outputs if node.outputs else node.mutation_outputs,
+        )
+
+    def generate_extern_kernel_out(self, node: ir.ExternKernelOut) -> None:
+        if not self._on_vnpu(node):
+            return super().generate_extern_kernel_out(node)
+        self._require_operator(node)
+        node.codegen_comment(self)
+        returns = len(node.op_overload._schema.returns)
+        out = node.output_view if node.output_view else node
+        self._dispatch(node.op_overload, self._schema_args(node, out=out), [None] * returns, [None] * returns)
+
+    def generate_extern_kernel_alloc(self, node: ir.ExternKernelAlloc) -> None:
+        if not self._on_vnpu(node):
+            return super().generate_extern_kernel_alloc(node)
+        self._require_operator(node)
+        if getattr(node, "outputs", None) or isinstance(node.layout, ir.NoneLayout):
+            raise NotImplementedError(f"cpp_wrapper=True on vnpu: extern kernel {node.op_overload} with several "
+                                      "or no outputs; compile with cpp_wrapper=False")
+        node.codegen_comment(self)
+        self._dispatch(node.op_overload, self._schema_args(node), [node.get_name()], [node])
+        if isinstance(node.layout, ir.Layout):
+            node.codegen_size_asserts(self)
+
+    def generate_scatter_fallback(self, node: ir.ScatterFallback) -> None:
+        if not self._on_vnpu(node):
+            return super().generate_scatter_fallback(node)
+        if node.src_is_tensor:
+            x, index, src = node.inputs
+            (dim,) = node.constant_args
+        else:
+            x, index = node.inputs
+            dim, src = node.constant_args
+        values = [x, dim, index, src]
+        for arg in node.op_overload._schema.arguments[4:]:
+            values.append(node.kwargs[arg.name] if arg.name in node.kwargs else arg.default_value)
+        returns = len(node.op_overload._schema.returns)
+        self._dispatch(node.op_overload, values, [None] * returns, [None] * returns)
+
+    def generate_index_put_fallback(self, node: ir.IndexPutFallback) -> None:
+        if not self._on_vnpu(node):
+            return super().generate_index_put_fallback(node)
+        valid = iter(node.inputs[2:])
+        indices = [next(valid) if i is not None else None for i in node.indices]
+        values = [node.inputs[0], indices, node.inputs[1], node.constant_args[0]]
+        returns = len(node.op_overload._schema.returns)
+        self._dispatch(node.op_overload, values, [None] * returns, [None] * returns)
+
+    def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs) -> None:
+        if device == _DEVICE:  # CPU's shims would run a CPU kernel on vnpu memory on the host
+            raise NotImplementedError(f"cpp_wrapper=True on vnpu: extern kernel {kernel} has no dispatcher route; "
+                                      "compile with cpp_wrapper=False")
+        super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)

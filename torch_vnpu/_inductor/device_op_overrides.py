@@ -1,4 +1,4 @@
-"""What Inductor's generated Python wrapper writes for vnpu device operations."""
+"""What Inductor's generated Python and C++ wrappers write for vnpu device operations."""
 
 from __future__ import annotations
 
@@ -36,3 +36,10 @@ class VnpuDeviceOpOverrides(DeviceOpOverrides):
 
     def cpp_kernel_type(self) -> str:
         return "void*"
+
+    def cpp_device_guard(self) -> str:
+        # C++ wrapper (cpp_wrapper.py): a c10::DeviceGuard on the graph's vnpu device.
+        return "torch_vnpu_cpp_wrapper::DeviceGuard"
+
+    def cpp_aoti_device_guard(self) -> str:
+        return "torch_vnpu_cpp_wrapper::DeviceGuard"

@@ -33,6 +33,7 @@ ADAPTERS = {
 _TRIGGERS = {
     "accelerate": "huggingface",
     "transformers.training_args": "huggingface",
+    "transformers.generation.utils": "huggingface",
     "peft": "huggingface",
     "safetensors": "huggingface",
     "lightning.fabric": "lightning",

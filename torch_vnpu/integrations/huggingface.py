@@ -209,6 +209,27 @@ def _patch_transformers(device_type: str) -> None:
     _set(ta, "is_torch_bf16_gpu_available", is_torch_bf16_gpu_available, f"5, bf16 on {device_type}")
 
 
+def _patch_transformers_generation(device_type: str) -> None:
+    from transformers.generation.utils import GenerationMixin
+
+    # 10. generate() swaps MoE experts from grouped_mm to batched_mm for decoding on every non-CPU device
+    #     (batched_mm copies each selected expert's weights per token: fast on GPUs, 3x slower than grouped_mm
+    #     with the CPU kernels vnpu runs). On the accelerator, decode with the model's own implementation.
+    orig = GenerationMixin.__dict__["_optimize_model_for_decode"]
+
+    @functools.wraps(orig)
+    @contextlib.contextmanager
+    def _optimize_model_for_decode(self):
+        if self.device.type == device_type:
+            yield
+            return
+        with orig(self):
+            yield
+
+    _set(GenerationMixin, "_optimize_model_for_decode", _optimize_model_for_decode,
+         f"10, MoE decode on {device_type} keeps grouped_mm")
+
+
 def _patch_peft() -> None:
     import peft.peft_model
     import peft.utils
@@ -275,6 +296,7 @@ TESTED_VERSIONS = {"accelerate": "1.15", "transformers": "5.17", "peft": "0.21",
 _PARTS = {
     "accelerate": lambda t: _patch_accelerate(t),
     "transformers": lambda t: _patch_transformers(t),
+    "transformers.generation": lambda t: _patch_transformers_generation(t),
     "peft": lambda t: _patch_peft(),
     "safetensors": lambda t: _patch_safetensors(t),
 }
@@ -310,20 +332,21 @@ def _apply(part: str, device_type: str) -> None:
 def _on_import(module_name: str) -> None:
     """Called by torch_vnpu.integrations._autoload when ``module_name`` (accelerate, transformers.training_args,
     peft, safetensors) finished importing: patch that library if its version is one this adapter knows."""
-    part = module_name.split(".", 1)[0]
+    part = "transformers.generation" if module_name == "transformers.generation.utils" else module_name.split(".", 1)[0]
+    library = part.split(".", 1)[0]
     acc = _accelerator()
     if _mode == "off" or acc is None:
         return
     if part == "transformers" and not _installed("accelerate"):
         return
-    version = _version(part)
-    tested = TESTED_VERSIONS[part]
+    version = _version(library)
+    tested = TESTED_VERSIONS[library]
     if version != tested and not version.startswith(tested + "."):
-        if part not in _warned:
-            _warned.add(part)
+        if library not in _warned:
+            _warned.add(library)
             warnings.warn(
-                f"torch_vnpu: {part} {version} is not a version the vnpu adapter knows (tested: {tested}.x); "
-                f"{part} is left as it is and will not pick vnpu by itself. Call "
+                f"torch_vnpu: {library} {version} is not a version the vnpu adapter knows (tested: {tested}.x); "
+                f"{library} is left as it is and will not pick vnpu by itself. Call "
                 "torch_vnpu.integrations.huggingface.enable() to patch it anyway, or set "
                 "VNPU_INTEGRATIONS=-huggingface to silence this.",
                 UserWarning,
@@ -362,6 +385,8 @@ def enable() -> torch.device:
             _apply("accelerate", acc.type)
             if _installed("transformers"):
                 _apply("transformers", acc.type)
+        if _installed("transformers"):
+            _apply("transformers.generation", acc.type)
         if _installed("peft"):
             _apply("peft", acc.type)
         if _installed("safetensors"):

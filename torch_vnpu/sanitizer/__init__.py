@@ -9,7 +9,10 @@ semantics (same-stream order, events, ``wait_stream``, host synchronization), no
   queued); a tensor freed while a side stream still used it without ``record_stream`` is caught when its
   memory is reused;
 * freed device memory is poisoned in stream order (NaN for floating dtypes, 0xFF bytes otherwise) and an
-  access to it before it is handed out again raises :class:`UseAfterFreeError`.
+  access to it before it is handed out again raises :class:`UseAfterFreeError`;
+* hard-coded CUDA reached from the program (``torch.cuda.is_bf16_supported()``, CUDA autocast and GradScaler,
+  ``"cuda" in device``...), which silently switches features off on vnpu, is reported once per call site
+  (:mod:`torch_vnpu.sanitizer.cuda_calls`, check 5).
 
 Messages name the op, the tensor (shape, dtype, the op and Python stack that allocated it), both streams
 and the fix. ``torch.cuda._sanitizer`` (CSAN, ``TORCH_CUDA_SANITIZER=1``) is the closest PyTorch
@@ -22,6 +25,7 @@ vnpu device. It is off by default; off, it costs one relaxed atomic load per lau
 import torch
 
 from .. import _C
+from . import cuda_calls
 
 __all__ = ["StreamRaceError", "UseAfterFreeError", "enable", "is_enabled"]
 
@@ -47,8 +51,14 @@ def enable() -> None:
             "initialized, and earlier work was not tracked). Set VNPU_SANITIZE=1 in the environment, or call "
             "torch.vnpu.sanitizer.enable() at the start of the program."
         )
+    cuda_calls.install()
 
 
 def is_enabled() -> bool:
     """True if the sanitizer is on (``VNPU_SANITIZE=1`` or :func:`enable`)."""
     return bool(_C._sanitizer_is_enabled())
+
+
+def _enable_from_environment() -> None:
+    """At ``import torch`` with ``VNPU_SANITIZE=1``: the runtime read the variable itself; check 5 is Python."""
+    cuda_calls.install()

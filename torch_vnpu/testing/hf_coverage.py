@@ -34,7 +34,9 @@ architecture (:data:`STATUSES`):
 With ``compile=True`` (``--compile``) the vnpu model is compiled (``model.compile()``: Inductor, default mode,
 automatic dynamic shapes) before stages 3-5, so the forward, the backward (AOTAutograd) and every forward
 that ``generate()`` makes run as compiled vnpu graphs; the CPU reference stays eager, the tolerances are the
-same. Its report is a section of its own in the markdown file (see :func:`write_markdown`).
+same; then ``generate()`` with a static cache compiled runs on a fresh vnpu copy for the architectures that
+support it (:func:`_static_cache_stage`). Its report is a section of its own in the markdown file (see
+:func:`write_markdown`).
 
 Entry points: :func:`main` (command line, see ``scripts/hf_coverage.py``), :func:`run_arch` (one
 architecture in this process, used by ``tests/test_hf_archs.py``), :func:`run_sweep`, :func:`write_markdown`.
@@ -411,6 +413,25 @@ def _generate(model, ids, cfg):
     return toks, logits
 
 
+def _generate_static_compiled(model, ids, cfg):
+    """Greedy tokens of ``generate()`` with a static KV cache (``cache_implementation="static"``), its decode
+    forward compiled by transformers' own auto-compilation (``get_compiled_call``: ``torch.compile`` of the
+    model's ``__call__``, Inductor default mode, static shapes), which transformers only enables on cuda/xpu
+    unless the compile config says all devices (``CompileConfig._compile_all_devices``)."""
+    import torch
+    from transformers import CompileConfig
+
+    tc = cfg.get_text_config()
+    pad = getattr(tc, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) else 0
+    compile_config = CompileConfig(mode="default")
+    compile_config._compile_all_devices = True
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                         do_sample=False, use_cache=True, pad_token_id=pad, return_dict_in_generate=True,
+                         num_beams=1, cache_implementation="static", compile_config=compile_config)
+    return out.sequences[:, ids.shape[1]:].cpu()
+
+
 def compare_grads(gc, gv):
     """Mismatch descriptions of the per-parameter gradients (norm-relative, see module docstring)."""
     import torch
@@ -571,10 +592,43 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
     res["extra_copy_ops"] = torch.vnpu.get_extra_copy_ops()
     if compile:
         res["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+        if ref_gen is not None:
+            _static_cache_stage(res, model, ids, cfg, ref_gen, dev, step, bad)
     res["stage"] = "done"
     if bad:
         return done("mismatch", bad[0], details=bad[:20])
     return done("pass")
+
+
+def _static_cache_stage(res, model, ids, cfg, ref_gen, dev, step, bad):
+    """``--compile``: greedy generate with a static cache, compiled (:func:`_generate_static_compiled`), on a
+    fresh (uncompiled) vnpu copy of the model, against the CPU's eager tokens; ``res["static_cache"]`` is
+    "pass", "mismatch", "error" or "unsupported" (the architecture cannot compile with a static cache:
+    ``_can_compile_fullgraph`` is False), ``res["static_cache_graphs"]`` the Dynamo graphs it compiled."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    if not getattr(model, "_can_compile_fullgraph", False):
+        res["static_cache"] = "unsupported"
+        return
+    step("vnpu_generate_static")
+    graphs_before = counters["stats"]["unique_graphs"]
+    try:
+        model_s = copy.deepcopy(model).to(dev)
+        tv = _generate_static_compiled(model_s, ids.to(dev), cfg)
+        torch.vnpu.synchronize()
+    except Exception as e:  # noqa: BLE001
+        res["static_cache"] = "error"
+        bad.append("static-cache generate (compiled): " + _exc(e))
+        return
+    finally:
+        res["static_cache_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+    ok, note = compare_generate(ref_gen[0], ref_gen[1], tv)
+    res["static_cache"] = "pass" if ok else "mismatch"
+    if not ok:
+        bad.append("static-cache generate (compiled): " + note)
+    elif note:
+        res["notes"].append("static-cache generate: " + note)
 
 
 _OP_RE = re.compile(r"(aten::[\w.]+)|(?:operator|op) '?([\w.:]+)'?")
@@ -720,7 +774,11 @@ def _compile_section(res, command=None):
          "The vnpu model is compiled (`model.compile()`: Inductor, default mode, automatic dynamic shapes), so "
          "the forward, the backward and every forward of `generate()` run as compiled vnpu graphs; the CPU "
          "reference is eager and the checks and tolerances are those above. The eager headline above is for "
-         "all architectures; this section only for the ones listed here.\n",
+         "all architectures; this section only for the ones listed here. \"static-cache generate\": greedy "
+         "`generate(cache_implementation=\"static\")` on an uncompiled vnpu copy, its decode forward compiled by "
+         "transformers' auto-compilation (enabled for all devices by the compile config), tokens vs eager CPU; "
+         "`unsupported` where the architecture cannot compile with a static cache (`_can_compile_fullgraph`); "
+         "its result is part of the status.\n",
          f"- torch {m['torch']}, transformers {m['transformers']}, run {m['started']}, "
          f"{m['duration_s'] / 60:.1f} min with {m['jobs']} job(s), timeout {m['timeout']} s per architecture"]
     command = m.get("command") or command
@@ -728,13 +786,16 @@ def _compile_section(res, command=None):
         L.append(f"- command: `{command}`")
     L.append("- " + ", ".join(f"{s}: {counts[s]}" for s in STATUSES))
     L.append("")
-    L.append("| architecture | status (compiled) | Dynamo graphs | cause / notes | s |")
-    L.append("|---|---|---:|---|---:|")
+    L.append("| architecture | status (compiled) | Dynamo graphs | static-cache generate (graphs) | cause / notes | s |")
+    L.append("|---|---|---:|---|---|---:|")
     for a, r in archs.items():
         cause = r.get("error") or ""
         if r.get("notes"):
             cause = (cause + "; " if cause else "") + "; ".join(r["notes"])
-        L.append(f"| `{a}` | {r['status']} | {r.get('compiled_graphs', '')} | {_md(_short(cause, 220))} | "
+        static = r.get("static_cache", "")
+        if "static_cache_graphs" in r:
+            static += f" ({r['static_cache_graphs']})"
+        L.append(f"| `{a}` | {r['status']} | {r.get('compiled_graphs', '')} | {static} | {_md(_short(cause, 220))} | "
                  f"{r.get('seconds', '')} |")
     L += ["", _COMPILE_END]
     return "\n".join(L)

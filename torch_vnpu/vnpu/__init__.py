@@ -16,7 +16,8 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 
 from .. import _C
-from . import amp, memory, random, streams  # noqa: F401
+from . import amp, graphs, memory, random, streams  # noqa: F401
+from .graphs import VNPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from .memory import (
     empty_cache,
     get_fallback_ops,
@@ -65,7 +66,8 @@ from ._storage import (  # legacy typed storages, as torch.cuda.*Storage
 from ._storage import __all__ as _storage_all
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "amp", "current_device", "current_stream", "default_generators",
+    "Event", "Stream", "StreamContext", "VNPUGraph", "amp", "current_device", "graph", "graph_pool_handle",
+    "graphs", "is_current_stream_capturing", "make_graphed_callables", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_executed_ops", "get_extra_copy_ops", "get_fallback_ops",
     "get_rng_state", "get_rng_state_all", "init", "initial_seed", "ipc_collect", "is_available", "is_bf16_supported",

@@ -44,6 +44,20 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {  // See Note [Stream capture] (graph.cpp)
+    if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
+      return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                               "vnpuMemcpyAsync from pageable host memory into the capturing stream (the source "
+                               "would be read now, not at each replay): create or fill the device tensor before "
+                               "the capture begins, and change its contents between replays");
+    }
+    if (kind == vnpuMemcpyDeviceToHost && !is_pinned(dst)) {
+      return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                               "vnpuMemcpyAsync from the capturing stream into pageable host memory (a host read: "
+                               ".cpu(), .item(), .tolist(), printing a tensor); read the results after the "
+                               "capture ends, or after replay()");
+    }
+  }
   if (san::on()) {  // the copy declares its device ranges (Note [Sanitizer ranges])
     vnpuMemAccess acc[2];
     size_t n = 0;
@@ -83,14 +97,13 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                         (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
     if (kind == vnpuMemcpyDeviceToHost && san::on() && !launch_blocking()) {
       std::memset(dst, 0xFF, count);  // Note [Deferred host copies]
-      s->submit(name, [dst, src, count, ticket = san::gate_ticket()] {
+      return finish_submission(s, s->submit(name, [dst, src, count, ticket = san::gate_ticket()] {
         san::wait_gate(ticket);
         std::memmove(dst, src, count);
-      }, nullptr, {vnpuActivityKindMemcpy, count, kind, pinned});
-      return finish(s, /*wait=*/false);
+      }, nullptr, {vnpuActivityKindMemcpy, count, kind, pinned}));
     }
-    s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
-              {vnpuActivityKindMemcpy, count, kind, pinned});
+    return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
+                                          {vnpuActivityKindMemcpy, count, kind, pinned}));
   }
   return finish(s, /*wait=*/false);
 }
@@ -112,7 +125,6 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
     const vnpuMemAccess acc{dst, count, 1};
     if (vnpuError_t e = san::begin_task(s, "memset", &acc, 1); e != vnpuSuccess) return e;
   }
-  s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
-            {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false});
-  return finish(s, false);
+  return finish_submission(s, s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
+                                        {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false}));
 }

@@ -311,6 +311,8 @@ vnpuError_t vnpuDeviceSynchronize() {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   int dev = current_device();
   if (!valid_device(dev)) return vnpuErrorInvalidDevice;
+  if (vnpuError_t e = check_device_not_capturing(dev, "vnpuDeviceSynchronize (torch.vnpu.synchronize())"); e != vnpuSuccess)
+    return e;
   if (!wait_device_idle(dev, /*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(dev);
 }

@@ -61,6 +61,15 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorNotSupported:
       return "operation not supported (device memory is not shareable: VNPU_IPC=0, or memfd unavailable)";
     case vnpuErrorInterrupted: return "the wait was interrupted (the work waited for continues)";
+    case vnpuErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case vnpuErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case vnpuErrorStreamCaptureIsolation:
+      return "operation would make the capture depend on work outside it (cross-stream capture is not supported)";
+    case vnpuErrorStreamCaptureWrongThread:
+      return "attempt to end a capture begun by another thread";
+    case vnpuErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case vnpuErrorIllegalState: return "operation not permitted in the stream's current state";
     case vnpuErrorStreamRace: return "sanitizer: access not ordered after a conflicting access of another stream";
     case vnpuErrorUseAfterFree: return "sanitizer: access to freed device memory";
   }

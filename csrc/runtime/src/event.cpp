@@ -41,6 +41,14 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    // Recorded into the capture: a marker only (waits on it from the same
+    // capture are already ordered); nothing is queued.
+    if (c->invalidated) return finish_submission(s, vnpuStream_st::Dropped);
+    std::lock_guard<std::mutex> g(event->mu);
+    event->captured_in = c;
+    return vnpuSuccess;
+  }
   if (san::on()) {  // Note [Sanitizer clocks]
     san::begin_task(s, "event record", nullptr, 0);
     san::event_recorded(event, s);
@@ -50,6 +58,7 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
     std::lock_guard<std::mutex> g(event->mu);
     gen = ++event->recorded;
     event->pending.insert(gen);
+    event->captured_in.reset();
   }
   // Published in on_complete: once the event reads complete, the stream reads
   // idle up to this point too (cudaStreamQuery after cudaEventSynchronize).
@@ -67,8 +76,25 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
   return vnpuSuccess;
 }
 
+namespace {
+// The live capture `event` was last recorded in, or null.
+std::shared_ptr<Capture> live_capture_of(vnpuEvent_st* event) {
+  if (!any_capture()) return nullptr;
+  std::lock_guard<std::mutex> g(event->mu);
+  auto c = event->captured_in.lock();
+  return c && !c->ended ? c : nullptr;
+}
+
+vnpuError_t refuse_captured_event(Capture& c, const char* call) {
+  return refuse_on_capture(c, vnpuErrorCapturedEvent,
+                           std::string(call) + " of an event recorded in the capturing stream (it completes only "
+                           "when the graph is replayed); query or synchronize it after the capture ends");
+}
+}  // namespace
+
 vnpuError_t vnpuEventQuery(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventQuery");
   bool done;
   if (san::on()) san::release_gates();  // Note [Deferred host copies]
   {
@@ -82,6 +108,7 @@ vnpuError_t vnpuEventQuery(vnpuEvent_t event) {
 vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // a pending record would never complete
+  if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventSynchronize");
   if (san::on()) san::release_gates();
   std::unique_lock<std::mutex> lk(event->mu);
   uint64_t target = event->recorded;  // See Note [Event lifetime and generations]
@@ -98,6 +125,29 @@ vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (any_capture()) {  // See Note [Stream capture] (graph.cpp): no cross-stream capture
+    auto waiter = capture_of(s);
+    auto recorded_in = live_capture_of(event);
+    if (recorded_in && recorded_in == waiter) return vnpuSuccess;  // same stream, same capture: ordered already
+    if (recorded_in) {
+      return refuse_on_capture(*recorded_in, vnpuErrorStreamCaptureIsolation,
+                               "a stream waits on an event recorded in another stream's capture (cross-stream "
+                               "capture: fork/join through events or wait_stream is not supported by vnpu "
+                               "graphs); capture all the work on one stream");
+    }
+    if (waiter) {
+      bool never_recorded;
+      {
+        std::lock_guard<std::mutex> g(event->mu);
+        never_recorded = event->recorded == 0;
+      }
+      if (never_recorded) return vnpuSuccess;  // nothing to wait for, as outside a capture
+      return refuse_on_capture(*waiter, vnpuErrorStreamCaptureIsolation,
+                               "the capturing stream waits on an event recorded outside the capture (wait_event, "
+                               "wait_stream): a replay cannot depend on work outside the graph; make the "
+                               "capturing stream wait before the capture begins");
+    }
+  }
   if (san::on()) san::stream_waits_event(s, event);  // ordered even if already complete
   uint64_t target;
   {

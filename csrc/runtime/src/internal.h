@@ -23,6 +23,7 @@
 #include <vector>
 
 namespace vnpu::rt {
+struct Capture;
 // What a task is, for its activity record (kernels need none).
 struct TaskInfo {
   vnpuActivityKind kind = vnpuActivityKindKernel;
@@ -61,10 +62,16 @@ struct vnpuStream_st {
   uint64_t submitted = 0;          // tasks ever submitted (count)
   uint64_t completed = 0;          // tasks ever finished (count)
   bool worker_started = false;
+  // Non-null while the stream captures (graph.cpp): submit() records instead of queuing.
+  std::shared_ptr<vnpu::rt::Capture> capture;
   int san_slot = -1;               // sanitizer: index of the stream's clock (sanitizer.cpp's lock)
 
-  void submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr,
-              const vnpu::rt::TaskInfo& info = vnpu::rt::TaskInfo());
+  // What submit() did: queued the task, recorded it into the stream's capture,
+  // or dropped it (the capture was invalidated).
+  enum Submitted { Queued, Recorded, Dropped };
+  // A task with on_complete must not be submitted to a capturing stream.
+  Submitted submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr,
+                   const vnpu::rt::TaskInfo& info = vnpu::rt::TaskInfo());
   // Blocks until completed == submitted at call. An interruptible wait may end
   // early (returns false) when the wait-interrupt hook asks it to.
   bool wait_idle(bool interruptible = false);
@@ -88,6 +95,9 @@ struct vnpuEvent_st : std::enable_shared_from_this<vnpuEvent_st> {
   uint64_t completed = 0;          // highest completed generation
   int64_t time_ns = 0;             // steady clock at completion of `completed`
   std::shared_ptr<vnpuEvent_st> handle_ref;  // released by vnpuEventDestroy
+  // Set when last recorded in a capturing stream (graph.cpp); such a record
+  // queues nothing. Guarded by mu.
+  std::weak_ptr<vnpu::rt::Capture> captured_in;
   std::vector<uint64_t> san_clock;  // sanitizer: the recording stream's clock at the latest record (its lock)
 };
 
@@ -194,22 +204,80 @@ void release_gates();
 using WaitHook = int (*)();
 WaitHook wait_hook();
 std::chrono::microseconds wait_slice();
+struct BlockingWaitHooks {
+  void* (*enter)() = nullptr;
+  void (*leave)(void*) = nullptr;
+};
+BlockingWaitHooks blocking_wait_hooks();
 template <class Pred>
 bool wait_interruptible(std::unique_lock<std::mutex>& lk, std::condition_variable& cv, Pred done,
                         bool interruptible = true) {
+  if (done()) return true;
+  // vnpuSetBlockingWaitHooks: the layer above may release a lock of its own
+  // (the GIL) for the wait; never with a runtime lock held.
+  const BlockingWaitHooks hooks = interruptible ? blocking_wait_hooks() : BlockingWaitHooks{};
+  void* token = nullptr;
+  if (hooks.enter != nullptr) {
+    lk.unlock();
+    token = hooks.enter();
+    lk.lock();
+  }
+  bool finished = false;
   for (;;) {
     WaitHook hook = interruptible ? wait_hook() : nullptr;
     if (hook == nullptr) {
       cv.wait(lk, done);
-      return true;
+      finished = true;
+      break;
     }
-    if (cv.wait_for(lk, wait_slice(), done)) return true;
+    if (cv.wait_for(lk, wait_slice(), done)) {
+      finished = true;
+      break;
+    }
     lk.unlock();
     const bool stop = hook() != 0;
     lk.lock();
-    if (stop) return done();
+    if (stop) {
+      finished = done();
+      break;
+    }
   }
+  if (hooks.leave != nullptr) {
+    lk.unlock();
+    hooks.leave(token);
+    lk.lock();
+  }
+  return finished;
 }
+// Stream capture (graph.cpp): See Note [Stream capture].
+struct Capture {
+  uint64_t id = 0;
+  int device = 0;
+  vnpuStream_st* stream = nullptr;
+  vnpuStreamCaptureMode mode = vnpuStreamCaptureModeGlobal;
+  std::thread::id thread;          // the thread that began it
+  std::vector<std::pair<std::string, vnpuKernel_t>> nodes;  // guarded by stream->mu
+  std::atomic<bool> invalidated{false};
+  std::atomic<bool> ended{false};
+  std::string invalidated_by;      // guarded by the capture registry's mutex (graph.cpp)
+};
+// The result of a launch-like call after submit(): vnpuErrorStreamCaptureInvalidated
+// for a dropped task; under VNPU_LAUNCH_BLOCKING, waits for a queued one.
+vnpuError_t finish_submission(vnpuStream_st* s, vnpuStream_st::Submitted submitted);
+// Hot-path test: true while any capture is underway in the process (one relaxed load).
+extern std::atomic<int> g_captures_underway;
+inline bool any_capture() { return g_captures_underway.load(std::memory_order_relaxed) != 0; }
+// The live capture of `s`, or null.
+std::shared_ptr<Capture> capture_of(vnpuStream_st* s);
+// Marks `c` invalidated by `why` (the first reason is kept) and sets this thread's last message.
+void invalidate_capture(Capture& c, const std::string& why);
+// `what` refused on capturing stream `s`: invalidates its capture; returns `err` with the message set.
+vnpuError_t refuse_on_capture(Capture& c, vnpuError_t err, const std::string& what);
+// For vnpuDeviceSynchronize: the error to return if `device` has a capturing stream (invalidated).
+vnpuError_t check_device_not_capturing(int device, const char* what);
+// For "unsafe" calls (vnpuMalloc, vnpuFree, ...): See Note [Stream capture].
+vnpuError_t check_unsafe_call(const char* what);
+
 // The memfd name of a device's physical pages (its nonce lets an IPC importer
 // check that /proc/<pid>/fd/<fd> is still that memfd).
 std::string memfd_name(int physical, uint64_t nonce);

@@ -101,6 +101,8 @@ using namespace vnpu::rt;
 
 vnpuError_t vnpuMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return vnpuErrorInvalidValue;
+  if (vnpuError_t e = check_unsafe_call("vnpuMalloc (a new device memory segment outside a graph's pool)"); e != vnpuSuccess)
+    return e;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   int dev = current_device();
   if (!valid_device(dev)) return vnpuErrorInvalidDevice;
@@ -121,6 +123,8 @@ vnpuError_t vnpuMalloc(void** ptr, size_t size) {
 
 vnpuError_t vnpuFree(void* ptr) {
   if (ptr == nullptr) return vnpuSuccess;
+  if (vnpuError_t e = check_unsafe_call("vnpuFree (releasing device memory, e.g. torch.vnpu.empty_cache())"); e != vnpuSuccess)
+    return e;
   MemoryRegion* region = nullptr;
   for (Device* d : devices()) {
     char* c = static_cast<char*>(ptr);
@@ -160,6 +164,7 @@ vnpuError_t vnpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 vnpuError_t vnpuMallocHost(void** ptr, size_t size) {
   if (ptr == nullptr) return vnpuErrorInvalidValue;
+  if (vnpuError_t e = check_unsafe_call("vnpuMallocHost (pinned host memory)"); e != vnpuSuccess) return e;
   if (size == 0) {
     *ptr = nullptr;
     return vnpuSuccess;
@@ -177,6 +182,7 @@ vnpuError_t vnpuMallocHost(void** ptr, size_t size) {
 
 vnpuError_t vnpuFreeHost(void* ptr) {
   if (ptr == nullptr) return vnpuSuccess;
+  if (vnpuError_t e = check_unsafe_call("vnpuFreeHost (pinned host memory)"); e != vnpuSuccess) return e;
   {
     std::lock_guard<std::mutex> g(g_pinned_mu);
     if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return vnpuErrorInvalidValue;

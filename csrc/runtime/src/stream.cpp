@@ -14,6 +14,8 @@ std::atomic<void (*)()> g_idle_hook{nullptr};
 std::atomic<unsigned> g_idle_linger_us{0};
 std::atomic<WaitHook> g_wait_hook{nullptr};
 std::atomic<unsigned> g_wait_slice_us{0};
+std::mutex g_blocking_hooks_mu;  // guards g_blocking_hooks (set once at start-up; read per blocking wait)
+BlockingWaitHooks g_blocking_hooks;
 
 void run_worker(vnpuStream_st* s) {
   char name[16];
@@ -68,6 +70,24 @@ void run_worker(vnpuStream_st* s) {
 }  // namespace
 
 WaitHook wait_hook() { return g_wait_hook.load(); }
+BlockingWaitHooks blocking_wait_hooks() {
+  std::lock_guard<std::mutex> g(g_blocking_hooks_mu);
+  return g_blocking_hooks;
+}
+
+vnpuError_t finish_submission(vnpuStream_st* s, vnpuStream_st::Submitted submitted) {
+  if (submitted == vnpuStream_st::Dropped) {
+    auto c = capture_of(s);
+    set_last_error_message("the stream's graph capture was invalidated by an earlier call; nothing more is "
+                           "recorded. That call: " + (c ? c->invalidated_by : std::string("(capture ended)")));
+    return vnpuErrorStreamCaptureInvalidated;
+  }
+  if (submitted == vnpuStream_st::Queued && launch_blocking()) {
+    if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;  // the kernel still runs
+    return take_device_error(s->device);
+  }
+  return vnpuSuccess;
+}
 std::chrono::microseconds wait_slice() { return std::chrono::microseconds(g_wait_slice_us.load()); }
 
 vnpuStream_st* resolve(vnpuStream_t s) {
@@ -80,8 +100,17 @@ vnpuStream_st* resolve(vnpuStream_t s) {
 
 using namespace vnpu::rt;
 
-void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete,
-                           const vnpu::rt::TaskInfo& info) {
+vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn,
+                                               std::function<void()> on_complete,
+                                               const vnpu::rt::TaskInfo& info) {
+  if (any_capture()) {  // See Note [Stream capture] (graph.cpp)
+    std::lock_guard<std::mutex> lk(mu);
+    if (capture) {
+      if (capture->invalidated) return Dropped;
+      capture->nodes.emplace_back(std::move(name), std::move(fn));
+      return Recorded;
+    }
+  }
   Task task{std::move(name), std::move(fn), std::move(on_complete)};
   if (recording()) {  // Note [Activity records]
     task.kind = info.kind;
@@ -103,6 +132,7 @@ void vnpuStream_st::submit(std::string name, vnpuKernel_t fn, std::function<void
     ++submitted;
   }
   cv_work.notify_one();
+  return Queued;
 }
 
 bool vnpuStream_st::wait_idle(bool interruptible) {
@@ -141,6 +171,13 @@ vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us) {
   return vnpuSuccess;
 }
 
+vnpuError_t vnpuSetBlockingWaitHooks(void* (*enter)(), void (*leave)(void*)) {
+  if ((enter == nullptr) != (leave == nullptr)) return vnpuErrorInvalidValue;
+  std::lock_guard<std::mutex> g(g_blocking_hooks_mu);
+  g_blocking_hooks = {enter, leave};
+  return vnpuSuccess;
+}
+
 vnpuError_t vnpuDeviceGetStreamPriorityRange(int* least, int* greatest) {
   if (least == nullptr || greatest == nullptr) return vnpuErrorInvalidValue;
   *least = 0;
@@ -170,6 +207,10 @@ vnpuError_t vnpuStreamCreateWithPriority(vnpuStream_t* stream, unsigned /*flags*
 vnpuError_t vnpuStreamDestroy(vnpuStream_t stream) {
   if (stream == nullptr || stream->is_default) return vnpuErrorInvalidResourceHandle;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // waiting for pending work would hang
+  if (capture_of(stream)) {
+    set_last_error_message("vnpuStreamDestroy: the stream is capturing; end the capture first");
+    return vnpuErrorIllegalState;
+  }
   Device* d = devices()[stream->device];
   {
     std::lock_guard<std::mutex> g(d->streams_mu);
@@ -218,6 +259,14 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                             "vnpuStreamSynchronize of the capturing stream (a host synchronization: "
+                             "torch.vnpu.synchronize(), Stream/Event.synchronize(), .item(), .cpu(), .tolist(), "
+                             "printing a tensor, or an op whose output shape depends on the data, such as "
+                             "nonzero or boolean-mask indexing); move it before the capture begins or after "
+                             "it ends");
+  }
   if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
   return take_device_error(s->device);
 }
@@ -225,6 +274,11 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
 vnpuError_t vnpuStreamQuery(vnpuStream_t stream) {
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                             "vnpuStreamQuery of the capturing stream (Stream.query(); query it after the "
+                             "capture ends)");
+  }
   return s->idle() ? vnpuSuccess : vnpuErrorNotReady;
 }
 
@@ -241,12 +295,7 @@ vnpuError_t vnpuLaunchKernelWithAccesses(vnpuStream_t stream, const char* name, 
   if (san::on()) {
     if (vnpuError_t e = san::begin_task(s, name, accesses, count); e != vnpuSuccess) return e;
   }
-  s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel));
-  if (launch_blocking()) {
-    if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;  // the kernel still runs
-    return take_device_error(s->device);
-  }
-  return vnpuSuccess;
+  return finish_submission(s, s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel)));
 }
 
 vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_data) {

@@ -148,6 +148,8 @@ vnpuError_t vnpuMemCreate(vnpuMemGenericAllocationHandle_t* handle, size_t size,
   if (handle == nullptr || prop == nullptr || size == 0 || !aligned(size) || flags != 0)
     return vnpuErrorInvalidValue;
   if (!valid_device(prop->device)) return vnpuErrorInvalidDevice;
+  if (vnpuError_t e = check_unsafe_call("vnpuMemCreate (device memory for an expandable segment)"); e != vnpuSuccess)
+    return e;
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   MemoryRegion& m = devices()[prop->device]->mem;
   if (m.fd < 0) return vnpuErrorNotSupported;  // private anonymous memory cannot be mapped twice
@@ -215,6 +217,7 @@ vnpuError_t vnpuMemUnmap(void* ptr, size_t size) {
   const auto a = reinterpret_cast<uintptr_t>(ptr);
   if (size == 0 || !aligned(size)) return vnpuErrorInvalidValue;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  if (vnpuError_t e = check_unsafe_call("vnpuMemUnmap (releasing device memory)"); e != vnpuSuccess) return e;
   std::set<int> devs;
   {
     // The range must be exactly a run of whole mappings.

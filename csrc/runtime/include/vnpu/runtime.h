@@ -64,8 +64,16 @@ enum vnpuError_t : int {
   vnpuErrorMapBufferObjectFailed = 9, // IPC: the exporter's memory could not be mapped
   vnpuErrorNotSupported = 10,         // VMM or IPC without shareable memory (no memfd; IPC: VNPU_IPC=0)
   vnpuErrorInterrupted = 11,          // a host wait was cut short by the wait-interrupt hook
-  vnpuErrorStreamRace = 12,           // sanitizer: an access not ordered after a conflicting one (nothing queued)
-  vnpuErrorUseAfterFree = 13,         // sanitizer: an access to freed device memory (nothing queued)
+  // Stream capture (CUDA's codes; see "Graphs" below). The message of
+  // vnpuGetLastErrorString() says which call and what to do instead.
+  vnpuErrorStreamCaptureUnsupported = 12,  // operation not permitted when stream is capturing
+  vnpuErrorStreamCaptureInvalidated = 13,  // the capture was invalidated by an earlier error
+  vnpuErrorStreamCaptureIsolation = 14,    // dependency on work outside the capture
+  vnpuErrorStreamCaptureWrongThread = 15,  // capture ended from another thread (global/thread-local mode)
+  vnpuErrorCapturedEvent = 16,             // query/synchronize of an event recorded in a capture
+  vnpuErrorIllegalState = 17,              // e.g. begin capture on a stream already capturing
+  vnpuErrorStreamRace = 18,           // sanitizer: an access not ordered after a conflicting one (nothing queued)
+  vnpuErrorUseAfterFree = 19,         // sanitizer: an access to freed device memory (nothing queued)
 };
 
 enum vnpuMemcpyKind : int {
@@ -97,6 +105,8 @@ struct vnpuDeviceProp {
 
 using vnpuStream_t = struct vnpuStream_st*;
 using vnpuEvent_t = struct vnpuEvent_st*;
+using vnpuGraph_t = struct vnpuGraph_st*;
+using vnpuGraphExec_t = struct vnpuGraphExec_st*;
 using vnpuKernel_t = std::function<void()>;  // may throw; see error rules above
 
 // Event flags (CUDA's values).
@@ -176,6 +186,13 @@ vnpuError_t vnpuLaunchHostFunc(vnpuStream_t stream, vnpuHostFn_t fn, void* user_
 // vnpuFree, vnpuStreamDestroy and vnpuMemUnmap always wait to the end.
 // nullptr disables it. Process-wide.
 vnpuError_t vnpuSetWaitInterruptHook(int (*fn)(), unsigned slice_us);
+// Blocking-wait hooks (no CUDA equivalent: kernels run on host threads, and a
+// kernel of the layer above may need a lock that the waiting thread holds,
+// e.g. Python's GIL for a kernel written in Python). `enter` runs on a host
+// thread about to block in one of the interruptible waits listed above, with
+// no runtime lock held; `leave` gets its result when that wait ends, also with
+// no runtime lock held. nullptr disables them. Process-wide.
+vnpuError_t vnpuSetBlockingWaitHooks(void* (*enter)(), void (*leave)(void*));
 // Worker idle hook (no CUDA equivalent: workers are host threads): `fn` runs on
 // a stream's worker thread once its queue has stayed empty for `linger_us`
 // microseconds after running work, so the layer above can release per-thread
@@ -268,6 +285,68 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                             vnpuStream_t stream);
 vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind);
 vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream);
+
+// Graphs: stream capture and replay (cudaStreamBeginCapture, cudaGraphLaunch).
+// While a stream is capturing, the work submitted to it (kernels, device
+// copies, memsets, graph launches; from any thread) is recorded into a graph
+// instead of being queued. vnpuGraphLaunch later queues the whole recorded
+// sequence as ONE task on any stream of the device: the nodes run in capture
+// order on that stream's worker, with the arguments they were captured with
+// (the same device addresses: change the inputs' contents, not their
+// addresses). A node that throws ends the launch and becomes the device's
+// sticky error, naming the node.
+// What a capture refuses (vnpuErrorStreamCaptureUnsupported, and the capture is
+// invalidated: vnpuStreamEndCapture then fails with
+// vnpuErrorStreamCaptureInvalidated and the message of the first refusal):
+//  * waiting on the capturing stream: vnpuStreamSynchronize/Query of it,
+//    vnpuDeviceSynchronize of its device, copies into or out of pageable host
+//    memory on it (the host waits, or the source would be read at capture time);
+//  * vnpuEventQuery/Synchronize of an event recorded in the capture
+//    (vnpuErrorCapturedEvent), a wait on an event recorded outside it or in
+//    another stream's capture (vnpuErrorStreamCaptureIsolation: no cross-stream
+//    capture), a wait of another stream on an event recorded in it;
+//  * "unsafe" calls (vnpuMalloc, vnpuFree, vnpuMallocHost, vnpuFreeHost, the
+//    vnpuMem* VMM calls) from any thread while a capture of mode Global is
+//    underway, or from the capturing thread in mode ThreadLocal, unless the
+//    calling thread's mode is Relaxed (vnpuThreadExchangeStreamCaptureMode).
+// Under VNPU_LAUNCH_BLOCKING=1 a capture still records (nothing runs, nothing
+// is waited for); vnpuGraphLaunch waits for the whole graph.
+// Example:
+//   vnpuStreamBeginCapture(s, vnpuStreamCaptureModeGlobal);
+//   vnpuLaunchKernel(s, "scale", [=] { scale(d, n); });  // recorded, not run
+//   vnpuGraph_t g;      vnpuStreamEndCapture(s, &g);
+//   vnpuGraphExec_t x;  vnpuGraphInstantiate(&x, g, 0);
+//   for (int i = 0; i < 10; ++i) vnpuGraphLaunch(x, s);  // 10 tasks, not 10 x nodes
+enum vnpuStreamCaptureMode : int {
+  vnpuStreamCaptureModeGlobal = 0,
+  vnpuStreamCaptureModeThreadLocal = 1,
+  vnpuStreamCaptureModeRelaxed = 2,
+};
+enum vnpuStreamCaptureStatus : int {
+  vnpuStreamCaptureStatusNone = 0,
+  vnpuStreamCaptureStatusActive = 1,
+  vnpuStreamCaptureStatusInvalidated = 2,
+};
+vnpuError_t vnpuStreamBeginCapture(vnpuStream_t stream, vnpuStreamCaptureMode mode);
+// Ends the capture (from the thread that began it, unless its mode is
+// Relaxed). *graph is null if the capture was invalidated.
+vnpuError_t vnpuStreamEndCapture(vnpuStream_t stream, vnpuGraph_t* graph);
+vnpuError_t vnpuStreamIsCapturing(vnpuStream_t stream, vnpuStreamCaptureStatus* status);
+// Status and a process-unique id of the capture (0 when not capturing).
+vnpuError_t vnpuStreamGetCaptureInfo(vnpuStream_t stream, vnpuStreamCaptureStatus* status,
+                                     unsigned long long* id);
+// Swaps the calling thread's capture interaction mode (default Global) with *mode.
+vnpuError_t vnpuThreadExchangeStreamCaptureMode(vnpuStreamCaptureMode* mode);
+vnpuError_t vnpuGraphGetNodeCount(vnpuGraph_t graph, size_t* count);
+// Writes the graph as Graphviz dot (one node per recorded task, in order).
+vnpuError_t vnpuGraphDebugDotPrint(vnpuGraph_t graph, const char* path);
+vnpuError_t vnpuGraphDestroy(vnpuGraph_t graph);
+// flags must be 0. The executable graph is independent of `graph` afterwards.
+vnpuError_t vnpuGraphInstantiate(vnpuGraphExec_t* exec, vnpuGraph_t graph, unsigned long long flags);
+// Queues the graph's nodes as one task on `stream` (of the graph's device).
+vnpuError_t vnpuGraphLaunch(vnpuGraphExec_t exec, vnpuStream_t stream);
+// May be called while a launch is queued: the launch keeps what it needs.
+vnpuError_t vnpuGraphExecDestroy(vnpuGraphExec_t exec);
 
 // Activity records (a reduced CUPTI activity API, for profilers). While
 // recording is on, every task a stream runs leaves one record when it ends;

@@ -1,0 +1,255 @@
+"""torch.compile on vnpu with Inductor's C++ wrapper (``torch._inductor.config.cpp_wrapper = True``, issue #9).
+
+The same execution model as the Python wrapper must hold (test_compile.py): buffers from the caching allocator,
+extern kernels as vnpu ops and fused kernels on the current stream, asynchronous, errors sticky at the next sync.
+Oracle: eager CPU on the same inputs (float32 within 1e-4 relative: fused kernels may reorder float sums).
+"""
+import copy
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _cpp_wrapper():
+    torch._dynamo.reset()
+    counters.clear()
+    with inductor_config.patch(cpp_wrapper=True):
+        yield
+    torch._dynamo.reset()
+
+
+def _cpp_source(code):
+    """The C++ source of a generated C++ wrapper module."""
+    return code[code.index('cpp_wrapper_src = (') : code.index('inductor_entry = ')]
+
+
+def _check_vnpu_wrapper(codes):
+    """Every graph is a vnpu C++ wrapper: kernels launched on the stream, no CPU shim or CPU device."""
+    assert codes
+    for code in codes:
+        src = _cpp_source(code)
+        assert "inductor_entry_impl" in src and "VnpuCppWrapperCodeCache" in code
+        assert not re.search(r"aoti_torch_cpu_|cached_torch_device_type_cpu", src), src
+    assert any("torch_vnpu_cpp_wrapper::launch(" in _cpp_source(code) for code in codes)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+def _train_step_parity(make, x):
+    torch.manual_seed(0)
+    ref = make()
+    mod = copy.deepcopy(ref).to("vnpu")
+    compiled = torch.compile(mod)
+
+    def step():
+        out = compiled(x.to("vnpu"))
+        out.square().mean().backward()
+        return out
+
+    out, codes = run_and_get_code(step)
+    ref_out = ref(x)
+    ref_out.square().mean().backward()
+    torch.testing.assert_close(out.cpu(), ref_out, **TOL)
+    for (name, p), q in zip(mod.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL, msg=lambda m: f"{name}: {m}")
+    for b, c in zip(mod.buffers(), ref.buffers()):  # batch norm running statistics
+        torch.testing.assert_close(b.cpu(), c, **TOL)
+    _check_vnpu_wrapper(codes)
+    assert len(codes) == 2  # forward and backward graphs
+    return codes
+
+
+def test_mlp_forward_backward_matches_eager_cpu():
+    codes = _train_step_parity(MLP, torch.randn(4, 16))
+    # the mm/addmm are dispatched vnpu ops, not CPU's shims
+    assert any("addmm" in _cpp_source(c) or '"aten::mm"' in _cpp_source(c) for c in codes)
+
+
+def test_conv_batch_norm_forward_backward_matches_eager_cpu():
+    _train_step_parity(ConvBN, torch.randn(2, 3, 8, 8))
+
+
+def test_sdpa_attention_forward_backward_matches_eager_cpu():
+    _train_step_parity(Attention, torch.randn(2, 8, 32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Execution model
+
+
+def _relu_sum(a, b):
+    return torch.relu(a @ b).sum(dim=1)
+
+
+def test_stream_order_with_eager_ops_on_a_side_stream_and_events():
+    # The extern mm and the fused relu+sum that reads its output both go to the side stream, between eager ops.
+    torch.manual_seed(0)
+    a = torch.randn(512, 512)
+    ref = (torch.relu(((a * 1.0) @ a).double() @ a.double()).sum(dim=1) + 1) * 2
+    f = torch.compile(_relu_sum)
+    av = a.to("vnpu")
+    _, codes = run_and_get_code(f, av, av)
+    _check_vnpu_wrapper(codes)
+    side = torch.vnpu.Stream()
+    results = []
+    for _ in range(5):
+        x = av * 1.0
+        ready = torch.vnpu.Event()
+        ready.record()
+        with torch.vnpu.stream(side):
+            side.wait_event(ready)
+            y = x @ av
+            z = f(y, av)
+            w = (z + 1) * 2
+            done = side.record_event()
+            x.record_stream(side)
+        torch.vnpu.current_stream().wait_event(done)
+        results.append(w.cpu())
+    for r in results:
+        torch.testing.assert_close(r.double(), ref, rtol=1e-3, atol=1e-2)
+
+
+def test_compiled_call_is_asynchronous_and_allocates_from_the_caching_allocator():
+    f = torch.compile(_relu_sum)
+    a = torch.randn(1024, 1024, device="vnpu")
+    f(a, a)
+    torch.vnpu.synchronize()
+    before = torch.vnpu.memory_stats()["allocation.all.allocated"]
+    x = a
+    for _ in range(4):  # ~0.1-1 s of queued work
+        x = x @ a
+    out = f(x, a)
+    assert not torch.vnpu.current_stream().query()  # the call enqueued its kernels and returned
+    torch.vnpu.synchronize()
+    assert torch.vnpu.memory_stats()["allocation.all.allocated"] - before >= 6  # 4 eager + mm buffer + output
+    torch.testing.assert_close(out.cpu(), _relu_sum(x.cpu(), a.cpu()), rtol=1e-3, atol=1e-1)
+
+
+def test_cpu_scalar_argument_is_taken_by_value_at_launch():
+    f = torch.compile(lambda x, s: torch.relu(x) * s)
+    a = torch.randn(256, 256, device="vnpu")
+    s = torch.tensor(0.0)
+    outs = []
+    for i in range(4):
+        y = a @ a
+        s.fill_(float(i))
+        outs.append(f(y, s))
+    ref = torch.relu(a.cpu() @ a.cpu())
+    for i, o in enumerate(outs):
+        torch.testing.assert_close(o.cpu(), ref * i, rtol=1e-4, atol=1e-3)
+
+
+def test_two_lengths_compile_at_most_twice():
+    mod = MLP()
+    f = torch.compile(copy.deepcopy(mod).to("vnpu"))
+    for n in (5, 9, 13):
+        x = torch.randn(n, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("vnpu")).cpu(), mod(x), **TOL)
+    assert counters["stats"]["unique_graphs"] <= 2  # static first, then one graph with a symbolic length
+
+
+def test_second_device_uses_its_own_stream():
+    if torch.vnpu.device_count() < 2:
+        pytest.skip("needs 2 vnpu devices")
+    x = torch.randn(64, 64)
+    f = torch.compile(lambda t: (t @ t).relu().sum(0))
+    with torch.vnpu.device(0):
+        out = f(x.to("vnpu:1"))
+        assert torch.vnpu.current_device() == 0  # the graph's device guard restored it
+    assert out.device == torch.device("vnpu:1")
+    torch.testing.assert_close(out.cpu(), (x @ x).relu().sum(0), rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def _floordiv(a, b):
+    return a // b + 1
+
+
+def test_kernel_error_is_sticky_names_the_kernel_and_graph_and_device_stays_usable():
+    f = torch.compile(_floordiv)
+    a, b = torch.arange(8), torch.tensor([1, 2, 0, 1, 1, 1, 1, 1])
+    out = f(a.to("vnpu"), b.to("vnpu"))  # enqueued: no error yet
+    with pytest.raises(torch.AcceleratorError, match=r"kernel 'cpp_fused_\w+ \(compiled graph [^)]*\)' failed on vnpu:0.*"
+                                                     r"ZeroDivisionError"):
+        torch.vnpu.synchronize()
+    del out
+    torch.vnpu.synchronize()  # reported once
+    torch.testing.assert_close(f(a.to("vnpu"), b.clamp_min(1).to("vnpu")).cpu(), a // b.clamp_min(1) + 1)
+
+
+def test_launch_blocking_raises_at_the_compiled_call():
+    code = (
+        "import torch\n"
+        "torch._inductor.config.cpp_wrapper = True\n"
+        "f = torch.compile(lambda a, b: a // b + 1)\n"
+        "a, b = torch.arange(8, device='vnpu'), torch.tensor([1, 2, 0, 1, 1, 1, 1, 1], device='vnpu')\n"
+        "try:\n"
+        "    f(a, b)\n"
+        "    print('returned')\n"
+        "except torch.AcceleratorError as e:\n"
+        "    print('raised at the call:', 'ZeroDivisionError' in str(e))\n"
+        "print('usable:', f(a, b.clamp_min(1)).tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "VNPU_LAUNCH_BLOCKING": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["raised at the call: True", "usable: [1, 1, 3, 4, 5, 6, 7, 8]"]
+
+
+def test_aot_inductor_says_it_is_not_supported():
+    class M(nn.Module):
+        def forward(self, x):
+            return x.sin() + 1
+
+    ep = torch.export.export(M(), (torch.randn(4, device="vnpu"),))
+    with pytest.raises(Exception, match="AOTInductor .* is not supported on vnpu"):
+        torch._inductor.aoti_compile_and_package(ep)

@@ -1,0 +1,116 @@
+"""VNPU_SANITIZE check 5 (issue #12): hard-coded CUDA reached from a program running on vnpu is reported once per
+call site, with the file, the line and the device-agnostic replacement.
+
+The program that is wrong without the sanitizer is tests/port_scripts/nanogpt_cuda.py run with --device=vnpu
+(nanoGPT's train.py shape): it trains, but silently without autocast, pinned batches, fused AdamW or a working
+GradScaler, because its CUDA tests answer False. The fixed program (torch.accelerator / torch.amp) runs clean."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NANOGPT = os.path.join(HERE, "port_scripts", "nanogpt_cuda.py")
+
+
+def _run(args, tmp_path, sanitize=True, extra_env=None):
+    env = dict(os.environ, PYTHONWARNINGS="always")
+    env.pop("VNPU_SANITIZE", None)
+    if sanitize:
+        env["VNPU_SANITIZE"] = "1"
+    env.update(extra_env or {})
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _reports(stderr):
+    """(file, line, message) of every CudaCallWarning in stderr."""
+    out = []
+    for line in stderr.splitlines():
+        if ": CudaCallWarning: " in line:
+            where, message = line.split(": CudaCallWarning: ", 1)
+            path, lineno = where.rsplit(":", 1)
+            out.append((path, int(lineno), message))
+    return out
+
+
+def test_nanogpt_written_for_cuda_is_silently_degraded_and_each_cause_is_reported_once(tmp_path):
+    proc = _run([NANOGPT, "--device=vnpu", f"--out={tmp_path / 'r.json'}"], tmp_path)
+    facts = json.loads((tmp_path / "r.json").read_text())
+    # Wrong without being told: it trained on vnpu, but with every CUDA feature switched off.
+    assert facts["param_devices"] == ["vnpu"]
+    assert facts["device_type"] == "cpu" and not facts["fused"] and not facts["scaler_enabled"]
+    assert facts["logits_dtype"] == "torch.float32" and "pinned" not in facts
+    reports = _reports(proc.stderr)
+    source = open(NANOGPT).read().splitlines()
+    by_line = {line: msg for path, line, msg in reports if os.path.samefile(path, NANOGPT)}
+    assert len(by_line) == len(reports), reports  # nothing reported outside the script
+    flagged = {source[line - 1].strip() for line in by_line}
+    for expected in ('device_type = "cuda" if "cuda" in device else "cpu"',
+                     'dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"',
+                     'scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))',
+                     'use_fused = fused_available and device_type == "cuda"',
+                     'if device_type == "cuda":'):
+        assert expected in flagged, (expected, sorted(flagged))
+    gradscaler = next(m for line, m in by_line.items() if "GradScaler(" in source[line - 1])
+    assert 'torch.amp.GradScaler(device.type)' in gradscaler
+    compare = next(m for line, m in by_line.items() if '"cuda" in device' in source[line - 1])
+    assert "torch.accelerator.current_accelerator().type" in compare
+    assert len(reports) == len({(p, n) for p, n, _ in reports})  # once per call site
+
+
+FIXED = textwrap.dedent("""
+    import torch
+    device = torch.accelerator.current_accelerator()
+    model = torch.nn.Linear(8, 8).to(device)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = torch.amp.GradScaler(device.type)
+    dtype = torch.bfloat16 if torch.get_device_module(device).is_bf16_supported() else torch.float16
+    x = torch.randn(4, 8).pin_memory().to(device, non_blocking=True)
+    for _ in range(3):
+        with torch.autocast(device.type, dtype=dtype):
+            loss = model(x).float().square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    torch.accelerator.synchronize()
+    assert device.type == "vnpu" and x.device.type == device.type
+    print("ok", loss.item())
+""")
+
+
+def test_the_device_agnostic_program_runs_clean(tmp_path):
+    (tmp_path / "fixed.py").write_text(FIXED)
+    proc = _run(["fixed.py"], tmp_path)
+    assert "ok" in proc.stdout
+    assert _reports(proc.stderr) == []
+
+
+def test_repeated_calls_report_once_and_torch_internal_calls_are_not_reported(tmp_path):
+    (tmp_path / "loop.py").write_text(textwrap.dedent("""
+        import torch
+        for _ in range(50):
+            torch.cuda.is_available()            # line 4: one report
+        with torch.autocast("vnpu"):             # torch's own checks of CUDA: not the user's
+            torch.ones(2, device="vnpu") @ torch.ones(2, device="vnpu")
+        from torch_vnpu.sanitizer import cuda_calls
+        print(len(cuda_calls.reports()))
+    """))
+    proc = _run(["loop.py"], tmp_path)
+    assert [(os.path.basename(p), n) for p, n, _ in _reports(proc.stderr)] == [("loop.py", 4)]
+    assert proc.stdout.strip() == "1"
+
+
+def test_without_the_sanitizer_and_under_port_mode_nothing_is_reported(tmp_path):
+    proc = _run([NANOGPT, "--device=vnpu", f"--out={tmp_path / 'a.json'}"], tmp_path, sanitize=False)
+    assert _reports(proc.stderr) == []
+    # Port mode maps the CUDA calls to vnpu: they are not wrong there.
+    proc = _run(["-m", "torch_vnpu.port.run", NANOGPT, f"--out={tmp_path / 'b.json'}"], tmp_path)
+    assert _reports(proc.stderr) == []
+    assert json.loads((tmp_path / "b.json").read_text())["fused"] is True

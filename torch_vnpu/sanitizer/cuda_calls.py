@@ -1,0 +1,195 @@
+"""VNPU_SANITIZE check 5: hard-coded CUDA reached from a program running on vnpu.
+
+Code written for CUDA keeps running on another accelerator, but some of its CUDA calls silently switch features
+off: ``torch.cuda.is_available()`` is False (the program takes its CPU branch), ``torch.cuda.is_bf16_supported()``
+is False (it trains in fp32 or fp16), ``torch.autocast("cuda")`` and ``torch.cuda.amp.GradScaler()`` warn once
+and disable themselves, ``torch.cuda.memory_allocated()`` answers 0, and ``"cuda" in device`` is False. With the
+sanitizer on, each such call site is reported once, as a :class:`CudaCallWarning` at the user's file and line,
+with the device-agnostic replacement (the table of ``python -m torch_vnpu.port.check``). Calls that raise anyway
+(``.cuda()``, ``torch.cuda.set_device``) are reported too, before they raise, for the replacement.
+
+How: the ``torch.cuda`` functions that have a replacement, ``torch.amp.GradScaler.__init__`` and
+``torch.amp.autocast.__init__`` (for ``device="cuda"``; ``torch.cuda.amp``'s classes derive from them) and
+``Tensor.cuda`` / ``nn.Module.cuda`` are wrapped; nothing on vnpu's own paths is. String comparisons cannot be
+seen at run time: they are found statically (``torch_vnpu.port.check``) in the main script and in every file
+that reaches a wrapped call. Under port mode (``torch_vnpu.port``), which maps CUDA calls to vnpu, nothing is
+reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import warnings
+from typing import Callable, NamedTuple
+
+import torch
+
+__all__ = ["CudaCallWarning", "Report", "install", "installed", "uninstall", "reports"]
+
+
+class CudaCallWarning(UserWarning):
+    """A hard-coded CUDA call reached while vnpu is the accelerator (VNPU_SANITIZE check 5)."""
+
+
+class Report(NamedTuple):
+    filename: str
+    lineno: int
+    code: str  # what was called or compared, e.g. "torch.cuda.is_bf16_supported()"
+    replacement: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}: {self.message()}"
+
+    def message(self) -> str:
+        return (f"hard-coded CUDA in a program running on vnpu: {self.code} -- instead: {self.replacement} "
+                "(VNPU_SANITIZE check 5)")
+
+
+_lock = threading.Lock()
+_reports: list[Report] = []
+_seen: set[tuple[str, int, str]] = set()
+_scanned: set[str] = set()
+_originals: list[tuple[object, str, object]] = []
+# Frames not reported as the call site: torch, torch_vnpu, the standard library (functools, contextlib) and
+# typing_extensions (torch.cuda.amp's deprecation wrappers).
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                 os.path.dirname(os.__file__) + os.sep)
+_LIBRARY_FILES = tuple(
+    os.path.abspath(m.__file__) for m in (sys.modules.get("typing_extensions"),) if m is not None and m.__file__)
+
+
+def reports() -> list[Report]:
+    """Every call site reported so far in this process, in order."""
+    with _lock:
+        return list(_reports)
+
+
+def _is_library(frame) -> bool:
+    path = frame.f_code.co_filename
+    if path.startswith("<frozen"):
+        return True
+    path = os.path.abspath(path)
+    return path.startswith(_LIBRARY_DIRS) or path in _LIBRARY_FILES
+
+
+def _user_frame(frame, walk: bool):
+    """``frame`` if it is user code; with ``walk``, the innermost user frame outside torch and torch_vnpu
+    (torch.cuda.amp's classes call the torch.amp ones); else None (torch's own calls are not reported)."""
+    while frame is not None and _is_library(frame):
+        if not walk:
+            return None
+        frame = frame.f_back
+    return frame
+
+
+def _port_mode() -> bool:
+    port = sys.modules.get("torch_vnpu.port._cuda")
+    return port is not None and port.is_enabled()
+
+
+def _emit(filename: str, lineno: int, code: str, replacement: str, module_globals=None) -> None:
+    key = (filename, lineno)
+    with _lock:
+        if key in _seen:
+            return
+        _seen.add(key)
+        report = Report(filename, lineno, code, replacement)
+        _reports.append(report)
+    warnings.warn_explicit(report.message(), CudaCallWarning, filename, lineno, module_globals=module_globals)
+
+
+def _scan(filename: str) -> None:
+    """Report the string comparisons with "cuda" in a user source file (once per file)."""
+    if _port_mode():
+        return
+    with _lock:
+        if filename in _scanned:
+            return
+        _scanned.add(filename)
+    try:
+        with open(filename, encoding="utf-8") as f:
+            source = f.read()
+        from torch_vnpu.port.check import check_source
+
+        findings = check_source(source, filename)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    for finding in findings:
+        if "compare" in finding.replacement or ".is_cuda" in finding.code:
+            _emit(filename, finding.line, finding.code, finding.replacement)
+
+
+def _report_call(caller, code: str, replacement: str, walk: bool) -> None:
+    if _port_mode():
+        return
+    frame = _user_frame(caller, walk)
+    if frame is None:
+        return
+    filename = frame.f_code.co_filename
+    if os.path.isfile(filename):
+        filename = os.path.abspath(filename)
+    _emit(filename, frame.f_lineno, code, replacement, frame.f_globals)
+    if os.path.isfile(filename):
+        _scan(filename)
+
+
+def _wrap(owner: object, name: str, code: str, replacement: str, when: Callable[..., bool] | None = None) -> None:
+    """Replace owner.name by a wrapper reporting calls made from user code (for classes' ``__init__``, with
+    ``when``: calls that a torch.cuda subclass made on the user's behalf too)."""
+    original = getattr(owner, name)
+    walk = when is not None
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if when is None or when(*args, **kwargs):
+            _report_call(sys._getframe(1), code, replacement, walk)
+        return original(*args, **kwargs)
+
+    _originals.append((owner, name, original))
+    setattr(owner, name, wrapper)
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, str) and device.split(":")[0] == "cuda"
+
+
+def install() -> None:
+    """Start reporting (idempotent). Called by ``torch.vnpu.sanitizer.enable()`` / ``VNPU_SANITIZE=1``."""
+    if _originals:
+        return
+    from torch_vnpu.port.check import _CUDA_REPLACEMENTS
+
+    for name, replacement in _CUDA_REPLACEMENTS.items():
+        if "." not in name and callable(getattr(torch.cuda, name, None)) and not isinstance(getattr(torch.cuda, name), type):
+            _wrap(torch.cuda, name, f"torch.cuda.{name}()", replacement)
+    _wrap(torch.amp.GradScaler, "__init__", 'GradScaler("cuda") (torch.cuda.amp.GradScaler)',
+          'torch.amp.GradScaler(device.type) (a CUDA GradScaler disables itself without CUDA)',
+          lambda self, device="cuda", *a, **k: _is_cuda(device))
+    _wrap(torch.amp.autocast, "__init__", 'autocast("cuda") (torch.cuda.amp.autocast)',
+          'torch.autocast(device.type, dtype=...) (a CUDA autocast disables itself without CUDA)',
+          lambda self, device_type, *a, **k: _is_cuda(device_type))
+    _wrap(torch.Tensor, "cuda", "Tensor.cuda()", "x.to(device) with device = torch.accelerator.current_accelerator()")
+    _wrap(torch.nn.Module, "cuda", "Module.cuda()", "module.to(device) with device = torch.accelerator.current_accelerator()")
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and os.path.isfile(main) and not os.path.abspath(main).startswith(_LIBRARY_DIRS):
+        _scan(os.path.abspath(main))
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return bool(_originals)
+
+
+def uninstall() -> None:
+    """Stop reporting and restore the wrapped functions (reports made so far are kept)."""
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+    with _lock:
+        _scanned.clear()
