@@ -4,6 +4,7 @@ Oracle: the same work run eagerly on vnpu (bitwise: the same CPU kernels run on 
 backend; CUDA graphs' documented semantics for static addresses, memory pools, capture errors and RNG.
 """
 
+import gc
 import os
 import subprocess
 import sys
@@ -271,11 +272,18 @@ def test_rng_draws_new_numbers_per_replay_like_eager():
     assert f().cpu().ne(eager[0]).any()  # the generator advanced past the replays
 
 
+def _settled_reserved():
+    """memory_reserved() once cyclic garbage of earlier tests is freed and the cache emptied: torch.vnpu.graph()
+    collects garbage on entry (as torch.cuda.graph does), which would otherwise free other tests' tensors then."""
+    torch.vnpu.synchronize()
+    gc.collect()
+    torch.vnpu.empty_cache()
+    return torch.vnpu.memory_reserved()
+
+
 def test_pool_memory_released_on_reset():
     x = torch.randn(256, 256, device="vnpu")
-    torch.vnpu.synchronize()
-    torch.vnpu.empty_cache()
-    base = torch.vnpu.memory_reserved()
+    base = _settled_reserved()
     g = torch.vnpu.VNPUGraph()
     with torch.vnpu.graph(g):
         h = x @ x  # 256 KiB intermediates and output, from the graph's pool
@@ -293,9 +301,7 @@ def test_pool_memory_released_on_reset():
 
 def test_pool_shared_between_graphs_and_output_outliving_reset():
     x = torch.randn(128, 128, device="vnpu")
-    torch.vnpu.synchronize()
-    torch.vnpu.empty_cache()
-    base = torch.vnpu.memory_reserved()
+    base = _settled_reserved()
     pool = torch.vnpu.graph_pool_handle()
     g1, g2 = torch.vnpu.VNPUGraph(), torch.vnpu.VNPUGraph()
     with torch.vnpu.graph(g1, pool=pool):
