@@ -25,6 +25,8 @@ import platform
 import statistics
 import time
 
+from _procs import receive
+
 VARIANTS = {"cpu": ("eager",), "vnpu": ("eager", "graph")}
 
 
@@ -119,14 +121,6 @@ def device_process(device, args, conn):
                 times[v].append(time.perf_counter() - t0)
         conn.send("done")
     conn.send({"times_s": times, "tokens": tokens, "torch_num_threads": torch.get_num_threads()})
-
-
-def receive(conn, proc):
-    """The child's next message; raises if the child died instead of answering (never waits forever)."""
-    while not conn.poll(1.0):
-        if not proc.is_alive():
-            raise RuntimeError(f"benchmark process {proc.name} exited with code {proc.exitcode}; see its traceback above")
-    return conn.recv()
 
 
 def main(argv=None):
