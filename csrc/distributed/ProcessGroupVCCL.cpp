@@ -274,6 +274,8 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
     declare(*op);
     for (const auto& m : op->batch) declare(*m);
     at::vnpu::sanitizer::launch_checked(stream.stream(), "vccl:ready", [op] { op->markReady(); }, acc);
+    VNPU_CHECK(vnpuEventCreateWithFlags(&op->declared, vnpuEventDisableTiming));
+    VNPU_CHECK(vnpuEventRecord(op->declared, stream.stream()));
   } else {
     VNPU_CHECK(vnpuLaunchKernel(stream.stream(), "vccl:ready", [op] { op->markReady(); }));
   }
