@@ -26,9 +26,12 @@ vnpu rounds each block up to 512 bytes, and the CPU allocator also serves the sc
 kernels allocate internally (on vnpu those live in host memory of the worker thread, not device memory).
 The step's share above the persistent bytes is reported separately for both devices.
 
+--sanitize runs the vnpu process under VNPU_SANITIZE (torch.vnpu.sanitizer.enable(), docs/sanitizer.md) and
+writes OUT/train_step_sanitize.json: compare its vnpu/cpu ratio with a run without it for the sanitizer's cost.
+
 Writes OUT/train_step.json and prints a table.
 
-    python benchmarks/train_step.py --out out/bench [--rounds 6 --steps 5 --warmup 3]
+    python benchmarks/train_step.py --out out/bench [--rounds 6 --steps 5 --warmup 3] [--sanitize]
 """
 
 import argparse
@@ -150,6 +153,8 @@ def device_process(device, args, conn):
     """Trains on one device in its own process; times a round per "round" message from the parent."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sanitize and device.startswith("vnpu"):
+        torch.vnpu.sanitizer.enable()
     train_ids, _, vocab = train_gpt.load_corpus()
     tr = Trainer(torch.device(device), train_ids, len(vocab), args)
     warm_up(tr, args)
@@ -180,6 +185,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--sanitize", action="store_true", help="vnpu under VNPU_SANITIZE (docs/sanitizer.md)")
     args = p.parse_args(argv)
 
     ctx = multiprocessing.get_context("spawn")
@@ -233,10 +239,10 @@ def main(argv=None):
         "cpu_count": os.cpu_count(), "torch_num_threads": cpu["torch_num_threads"],
         "loadavg_at_end": os.getloadavg(), "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
         "batch_size": args.batch_size, "block_size": 128, "parameters": cpu["parameters"],
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fallback_ops": fallback_ops,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fallback_ops": fallback_ops, "sanitize": args.sanitize,
     }
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "train_step.json")
+    path = os.path.join(args.out, "train_step_sanitize.json" if args.sanitize else "train_step.json")
     with open(path, "w") as f:
         json.dump({"meta": meta, "summary": summary, "cpu": cpu, "vnpu": vn}, f, indent=2)
 

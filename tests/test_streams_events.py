@@ -235,6 +235,7 @@ def test_stream_query_true_once_last_recorded_event_completes():
     was the last work on s, so once the event is complete s has nothing pending."""
     s = v.Stream()
     x = torch.ones(256, 256, device="vnpu")
+    s.wait_stream(v.current_stream())  # x is written on the default stream (VNPU_SANITIZE found the race)
     failures, n = 0, 100
     for _ in range(n):
         with v.stream(s):

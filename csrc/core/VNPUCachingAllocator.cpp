@@ -87,6 +87,7 @@ struct Block {
   std::set<vnpuStream_t> stream_uses;
   Context context_when_allocated;          // memory history: where the block was last handed out
   Context context_when_segment_allocated;  // ... and, on a segment's first block, where the segment was made
+  Context sanitizer_context;               // sanitizer: where it was allocated (setSanitizerRecorder)
   Block(DeviceIndex d, vnpuStream_t s, size_t n, BlockPool* p, char* ptr_)
       : device(d), stream(s), size(n), pool(p), ptr(ptr_) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
@@ -151,6 +152,17 @@ size_t round_to_division(size_t size, size_t divisions) {
 // before OutOfMemoryError is raised, so that they may take a snapshot.
 
 std::mutex g_observers_mu;  // guards g_oom_observers
+std::atomic<c10::CachingDeviceAllocator::CreateContextFn> g_sanitizer_recorder{nullptr};  // setSanitizerRecorder
+
+// The runtime's sanitizer flag; fixed once the runtime is initialized, so then one relaxed load.
+bool sanitizing() {
+  static std::atomic<int> known{-1};
+  const int v = known.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  const bool on = vnpuSanitizerIsEnabled() != 0;
+  if (vnpuIsInitialized()) known.store(on ? 1 : 0, std::memory_order_relaxed);
+  return on;
+}
 std::vector<OutOfMemoryObserver> g_oom_observers;
 
 // What an OutOfMemoryError will say, carried out of the locked region (see Note [Memory history]).
@@ -174,6 +186,10 @@ class DeviceCachingAllocator {
 
   Block* malloc(size_t orig, vnpuStream_t stream) {
     Context context = maybe_gather(RecordContext::STATE);  // before the lock: See Note [Memory history]
+    Context san_context;
+    if (sanitizing()) {
+      if (auto recorder = g_sanitizer_recorder.load()) san_context = recorder();
+    }
     PendingOom oom_info;
     {
       std::lock_guard<std::recursive_mutex> g(mu_);
@@ -181,6 +197,10 @@ class DeviceCachingAllocator {
       try {
         Block* b = malloc_locked(orig, stream, context);
         call_context_ = nullptr;
+        if (sanitizing()) {
+          b->sanitizer_context = std::move(san_context);
+          VNPU_CHECK(vnpuSanitizerAlloc(b->ptr, b->size));
+        }
         return b;
       } catch (PendingOom& p) {
         oom_info = std::move(p);
@@ -327,6 +347,12 @@ class DeviceCachingAllocator {
     auto it = active_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != active_.end(), "vnpu caching allocator: freeing an unknown pointer ", ptr);
     free(it->second, context);
+  }
+
+  Context sanitizer_context(const void* ptr) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto it = active_.find(const_cast<void*>(ptr));
+    return it == active_.end() ? nullptr : it->second->sanitizer_context;
   }
 
   void record_stream(void* ptr, vnpuStream_t stream) {
@@ -837,6 +863,12 @@ class DeviceCachingAllocator {
     record_trace(TraceEntry::FREE_COMPLETED, block->ptr, block->requested, block->stream,
                  block->context_when_allocated);
     block->context_when_allocated = nullptr;
+    // Every stream that used it is past the free point here (record_stream events): poison it on its
+    // own stream, so a late reader sees NaN, never the next owner's data.
+    if (sanitizing()) {
+      block->sanitizer_context = nullptr;
+      VNPU_CHECK(vnpuSanitizerFree(block->ptr, block->size, block->stream));
+    }
     BlockPool& pool = *block->pool;
     update(stats_.active, pool, 1, false);
     update(stats_.active_bytes, pool, block->size, false);
@@ -1094,6 +1126,15 @@ void recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn re
 }
 
 bool isHistoryEnabled() { return device_count() > 0 && device_allocator(0).history_enabled(); }
+
+void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder) {
+  g_sanitizer_recorder.store(recorder);
+}
+
+std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr) {
+  if (device < 0 || device >= device_count()) return nullptr;
+  return device_allocator(device).sanitizer_context(ptr);
+}
 
 void attachOutOfMemoryObserver(OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> g(g_observers_mu);

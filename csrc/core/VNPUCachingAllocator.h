@@ -71,4 +71,11 @@ using OutOfMemoryObserver =
     std::function<void(int64_t device, int64_t alloc, int64_t device_total, int64_t device_free)>;
 void attachOutOfMemoryObserver(OutOfMemoryObserver observer);
 
+// Sanitizer (VNPU_SANITIZE, csrc/sanitizer): when the runtime's sanitizer is on, every allocation
+// gathers `recorder`'s context (where it was allocated; gathered before the allocator's lock), frees
+// are poisoned in stream order and reported to the runtime (vnpuSanitizerFree / vnpuSanitizerAlloc).
+void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder);
+// The sanitizer context of the live block starting at `ptr` on `device`, or null.
+std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr);
+
 }  // namespace c10::vnpu::allocator

@@ -8,6 +8,7 @@ namespace c10::vnpu {
 namespace {
 
 std::atomic<InterruptRaiser> g_interrupt_raiser{nullptr};
+std::atomic<SanitizerRaiser> g_sanitizer_raiser{nullptr};
 thread_local int t_no_interrupt_depth = 0;
 
 // Runtime errors become torch.AcceleratorError (a RuntimeError) in Python, as
@@ -23,6 +24,10 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
                          int line) {
   std::string where = std::string(" (") + expr + " at " + file + ":" + std::to_string(line) + ")";
   switch (err) {
+    case vnpuErrorStreamRace:
+    case vnpuErrorUseAfterFree:
+      if (SanitizerRaiser raise = g_sanitizer_raiser.load()) raise(err, nullptr);
+      TORCH_CHECK(false, "vNPU error: ", vnpuGetErrorString(err), where);
     case vnpuErrorInterrupted:
       if (InterruptRaiser raise = g_interrupt_raiser.load()) raise();
       TORCH_CHECK(false, "vNPU: a wait for the device was interrupted; the work waited for continues", where);
@@ -57,6 +62,7 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
 }
 
 void set_interrupt_raiser(InterruptRaiser raiser) { g_interrupt_raiser.store(raiser); }
+void set_sanitizer_raiser(SanitizerRaiser raiser) { g_sanitizer_raiser.store(raiser); }
 
 NoInterruptGuard::NoInterruptGuard() { ++t_no_interrupt_depth; }
 NoInterruptGuard::~NoInterruptGuard() { --t_no_interrupt_depth; }

@@ -21,6 +21,12 @@ namespace c10::vnpu {
 using InterruptRaiser = void (*)();  // must throw
 void set_interrupt_raiser(InterruptRaiser raiser);
 
+// Raises the sanitizer's error (vnpuErrorStreamRace, vnpuErrorUseAfterFree)
+// from the runtime's report; installed by csrc/sanitizer. `op` names the
+// refused call when known (else the report's task name).
+using SanitizerRaiser = void (*)(vnpuError_t err, const char* op);  // must throw
+void set_sanitizer_raiser(SanitizerRaiser raiser);
+
 // Waits of this thread inside the scope are not cut short by interrupts: for
 // code that waits while holding a lock that a thread holding the GIL may need
 // (the caching allocator's; a tensor freed with the GIL held takes it), since

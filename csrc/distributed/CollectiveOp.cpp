@@ -4,6 +4,10 @@
 
 namespace c10d::vnpu {
 
+CollectiveOp::~CollectiveOp() {
+  if (declared) vnpuEventDestroy(declared);
+}
+
 void CollectiveOp::markReady() {
   {
     std::lock_guard<std::mutex> g(mu_);

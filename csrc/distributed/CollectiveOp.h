@@ -23,6 +23,7 @@
 #include "../ops/CpuAlias.h"
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <vnpu/runtime.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -39,6 +40,11 @@ using Clock = std::chrono::steady_clock;
 
 struct CollectiveOp {
   enum class State : uint8_t { kQueued, kReady, kDone, kFailed };
+
+  CollectiveOp() = default;
+  CollectiveOp(const CollectiveOp&) = delete;
+  CollectiveOp& operator=(const CollectiveOp&) = delete;
+  ~CollectiveOp();
 
   // --- arguments (immutable once published) ---
   OpType type = OpType::UNKNOWN;
@@ -66,6 +72,10 @@ struct CollectiveOp {
   bool monitored = false;          // BARRIER: monitored_barrier (names the ranks that miss it)
   bool wait_all_ranks = false;     // monitored_barrier(wait_all_ranks=True)
   std::vector<std::shared_ptr<CollectiveOp>> batch;
+  // Sanitizer only: recorded on the issuing stream right after the ready task,
+  // where the op's accesses are declared. Gates wait on it so the stream that
+  // calls Work.wait() is ordered after those accesses (docs/sanitizer.md).
+  vnpuEvent_t declared = nullptr;
 
   // --- completion state ---
   void markReady();

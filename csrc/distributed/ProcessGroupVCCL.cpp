@@ -9,6 +9,7 @@
 #include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUStream.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
@@ -252,7 +253,32 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
       if (t.defined() && t.has_storage()) c10::vnpu::allocator::recordStream(t.storage().data_ptr(), hold);
     }
   }
-  VNPU_CHECK(vnpuLaunchKernel(stream.stream(), "vccl:ready", [op] { op->markReady(); }));
+  if (at::vnpu::sanitizer::enabled()) {
+    // The collective's buffers, declared at its start on the issuing stream (later work on that stream
+    // is ordered after it, as after an NCCL collective; see docs/sanitizer.md for what this misses).
+    at::vnpu::sanitizer::Accesses acc;
+    auto declare = [&](const CollectiveOp& o) {
+      const bool in_place = o.type == OpType::ALLREDUCE || o.type == OpType::ALLREDUCE_COALESCED ||
+                            o.type == OpType::BROADCAST || o.type == OpType::REDUCE;
+      for (const auto& s : o.inputs) {
+        if (s.defined && !s.cpu_value.defined())
+          acc.add(s.storage_base, s.storage_nbytes, s.sizes, s.strides, s.storage_offset, s.dtype, device, in_place,
+                  std::string(o.name) + " input");
+      }
+      for (const auto& s : o.outputs) {
+        if (s.defined && !s.cpu_value.defined())
+          acc.add(s.storage_base, s.storage_nbytes, s.sizes, s.strides, s.storage_offset, s.dtype, device, true,
+                  std::string(o.name) + " output");
+      }
+    };
+    declare(*op);
+    for (const auto& m : op->batch) declare(*m);
+    at::vnpu::sanitizer::launch_checked(stream.stream(), "vccl:ready", [op] { op->markReady(); }, acc);
+    VNPU_CHECK(vnpuEventCreateWithFlags(&op->declared, vnpuEventDisableTiming));
+    VNPU_CHECK(vnpuEventRecord(op->declared, stream.stream()));
+  } else {
+    VNPU_CHECK(vnpuLaunchKernel(stream.stream(), "vccl:ready", [op] { op->markReady(); }));
+  }
   engine_->submit(op);
   if (!launchBlocking()) {
     enqueueGate(op, hold.stream(), kNoTimeout, /*raise=*/false);

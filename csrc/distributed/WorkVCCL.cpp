@@ -20,6 +20,9 @@ std::exception_ptr errorOf(const std::string& msg) {
 }  // namespace
 
 void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout, bool raise) {
+  // Orders `stream` after the op's declared accesses for the sanitizer; no
+  // real wait: the collective cannot finish before its ready task ran.
+  if (op->declared) VNPU_CHECK(vnpuStreamWaitEvent(static_cast<vnpuStream_t>(stream), op->declared));
   if (op->state() == CollectiveOp::State::kDone) return;  // nothing left to wait for
   std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op->timeout + kGateSlack;
   std::string name = c10::str("vccl:", op->name);

@@ -3,6 +3,7 @@
 
 #include "../core/VNPUFunctions.h"
 #include "../ops/Executor.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
@@ -14,8 +15,13 @@
 namespace at::vnpu {
 namespace {
 
+// The accesses host_scalar declared for the launch that follows on this thread (sanitizer only).
+thread_local sanitizer::Accesses t_pending;
+
 // Enqueues run(args) under `name`; throws on a bad device or (VNPU_LAUNCH_BLOCKING=1) the kernel's own error.
-void enqueue(const char* name, long device, void (*run)(void*), std::shared_ptr<void> owned) {
+// `accesses`: the memory the kernel touches, for VNPU_SANITIZE (nullptr: not declared).
+void enqueue(const char* name, long device, void (*run)(void*), std::shared_ptr<void> owned,
+             const sanitizer::Accesses* accesses) {
   c10::vnpu::check_device_index(static_cast<DeviceIndex>(device));
   // The launch as an operator named after the kernel, for torch.profiler
   // (Inductor's Triton launcher does the same on CUDA); free when no
@@ -23,16 +29,20 @@ void enqueue(const char* name, long device, void (*run)(void*), std::shared_ptr<
   RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
   // launch() releases the host's OpenMP pool first (Note [One OpenMP pool]):
   // the fused kernels use OpenMP too.
-  launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); });
+  launch(name, static_cast<DeviceIndex>(device), [run, owned = std::move(owned)] { run(owned.get()); },
+         sanitizer::enabled() ? accesses : nullptr);
 }
 
 int launch_kernel(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*)) {
   // Owned from here on: freed after the kernel ran, or now if it cannot be enqueued.
   std::shared_ptr<void> owned(args, destroy);
   try {
-    enqueue(name, device, run, std::move(owned));
+    sanitizer::Accesses acc = std::move(t_pending);
+    t_pending = sanitizer::Accesses();
+    enqueue(name, device, run, std::move(owned), &acc);
     return 0;
   } catch (...) {
+    t_pending = sanitizer::Accesses();
     torch::translate_exception_to_python(std::current_exception());
     return -1;
   }
@@ -42,7 +52,7 @@ int launch_kernel_without_gil(const char* name, long device, void (*run)(void*),
                               void (*destroy)(void*)) {
   std::shared_ptr<void> owned(args, destroy);
   try {
-    enqueue(name, device, run, std::move(owned));
+    enqueue(name, device, run, std::move(owned), nullptr);  // C++ wrapper kernels: not declared to the sanitizer
     return 0;
   } catch (...) {
     const PyGILState_STATE gil = PyGILState_Ensure();
@@ -52,12 +62,19 @@ int launch_kernel_without_gil(const char* name, long device, void (*run)(void*),
   }
 }
 
-int host_scalar(PyObject* obj, void* dst, size_t capacity) {
+int host_scalar(PyObject* obj, void* dst, size_t capacity, int writes) {
   try {
     TORCH_CHECK_TYPE(THPVariable_Check(obj), "a vnpu kernel expected a tensor argument, but got ",
                      Py_TYPE(obj)->tp_name);
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.device().type() == c10::DeviceType::PrivateUse1) return 0;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      if (sanitizer::enabled()) {
+        t_pending.add(t.storage().data(), t.storage().nbytes(), t.sizes(), t.strides(), t.storage_offset(),
+                      t.scalar_type(), t.device().index(), writes != 0,
+                      std::string(writes ? "output" : "input") + " pointer " + std::to_string(t_pending.size()));
+      }
+      return 0;
+    }
     const size_t bytes = t.numel() * t.element_size();
     TORCH_CHECK(t.device().is_cpu() && t.numel() <= 1 && bytes <= capacity,
                 "a compiled vnpu kernel can take a CPU tensor only as a scalar (0-dim, at most ", capacity,
@@ -65,6 +82,7 @@ int host_scalar(PyObject* obj, void* dst, size_t capacity) {
     if (bytes > 0) std::memcpy(dst, t.const_data_ptr(), bytes);
     return 1;
   } catch (...) {
+    t_pending = sanitizer::Accesses();
     torch::translate_exception_to_python(std::current_exception());
     return -1;
   }

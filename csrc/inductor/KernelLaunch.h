@@ -43,15 +43,17 @@ struct InductorLaunchApi {
   // under VNPU_LAUNCH_BLOCKING=1).
   int (*launch)(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*));
   // For a tensor argument `obj`: 0 if it is a vnpu tensor (the kernel takes its
-  // pointer); 1 if it is a CPU tensor of at most `capacity` bytes, which were
-  // copied to `dst` (Note [Host scalars in vnpu kernels]); -1 otherwise.
-  int (*host_scalar)(_object* obj, void* dst, size_t capacity);
+  // pointer; under VNPU_SANITIZE its memory is declared for the next launch on
+  // this thread, written if `writes`: a non-const pointer parameter); 1 if it
+  // is a CPU tensor of at most `capacity` bytes, which were copied to `dst`
+  // (Note [Host scalars in vnpu kernels]); -1 otherwise.
+  int (*host_scalar)(_object* obj, void* dst, size_t capacity, int writes);
   // As launch, called without the GIL (from the C++ wrapper); on failure it
   // takes the GIL to set the Python exception.
   int (*launch_without_gil)(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*));
 };
 
-constexpr int kInductorLaunchApiVersion = 2;
+constexpr int kInductorLaunchApiVersion = 3;
 
 const InductorLaunchApi* inductor_launch_api();
 

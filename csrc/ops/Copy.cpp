@@ -5,6 +5,7 @@
 #include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUStream.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -41,8 +42,15 @@ void device_to_device(Tensor& dst, const Tensor& src) {
     AliasContext ctx;
     ctx.make(ds).copy_(ctx.make(ss));
   };
+  sanitizer::Accesses acc;
+  if (sanitizer::enabled()) {
+    acc.add(dst.storage().data(), dst.storage().nbytes(), dst.sizes(), dst.strides(), dst.storage_offset(),
+            dst.scalar_type(), dd, /*write=*/true, "argument 'self' (the destination)");
+    acc.add(src.storage().data(), src.storage().nbytes(), src.sizes(), src.strides(), src.storage_offset(),
+            src.scalar_type(), sd, /*write=*/false, "argument 'src'");
+  }
   if (dd == sd) {
-    launch("aten::copy_", dd, std::move(kernel));
+    launch("aten::copy_", dd, std::move(kernel), &acc);
     return;
   }
   // Peer copy: dst's stream waits for src's stream, and src's stream waits
@@ -53,7 +61,7 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   VNPU_CHECK(vnpuEventCreateWithFlags(&after, vnpuEventDisableTiming));
   VNPU_CHECK(vnpuEventRecord(before, src_stream.stream()));
   VNPU_CHECK(vnpuStreamWaitEvent(dst_stream.stream(), before, 0));
-  launch("aten::copy_ (peer)", dd, std::move(kernel));
+  launch("aten::copy_ (peer)", dd, std::move(kernel), &acc);
   VNPU_CHECK(vnpuEventRecord(after, dst_stream.stream()));
   VNPU_CHECK(vnpuStreamWaitEvent(src_stream.stream(), after, 0));
   // Queued records and waits hold their own references to the events.

@@ -12,6 +12,7 @@
 #include "../core/VNPUGeneratorImpl.h"
 #include "../core/VNPUGraph.h"
 #include "../core/VNPUStream.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -1019,6 +1020,24 @@ void set_lazy_bits(const Tensor& t, const TensorMeta& m) {
   if (t.is_neg() != m.neg) t._set_neg(m.neg);
 }
 
+// The device memory of the slots' tensors, for the sanitizer: arguments the op
+// mutates and outputs are writes, other arguments reads.
+void declare_accesses(sanitizer::Accesses& acc, const OpInfo& info, const c10::FunctionSchema& schema,
+                      const std::vector<Slot>& slots, DeviceIndex dev, bool outs) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const bool write = outs || info.mutable_arg[i];
+    for (size_t j = 0; j < slots[i].specs.size(); ++j) {
+      const TensorSpec& s = slots[i].specs[j];
+      if (!s.defined || s.cpu_value.defined() || s.storage_base == nullptr) continue;
+      std::string what = outs ? "output " + std::to_string(i)
+                              : "argument '" + schema.arguments()[i].name() + "'";
+      if (slots[i].specs.size() > 1) what += "[" + std::to_string(j) + "]";
+      acc.add(s.storage_base, s.storage_nbytes, s.sizes, s.strides, s.storage_offset, s.dtype, dev, write,
+              std::move(what));
+    }
+  }
+}
+
 void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -1127,7 +1146,14 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     plan->out_op = info.out_op;
   if (!plan->out_op && info.out_kernel && !plan->outs.empty() && all_defined) plan->out_kernel = info.out_kernel;
   if (!plan->out_op && !plan->out_kernel && !plan->outs.empty()) record_extra_copy(info.name);
-  launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
+  if (sanitizer::enabled()) {  // See Note [Sanitizer ranges] (runtime): every argument and output
+    sanitizer::Accesses acc;
+    declare_accesses(acc, info, schema, plan->args, dev, /*outs=*/false);
+    declare_accesses(acc, info, schema, plan->outs, dev, /*outs=*/true);
+    launch(info.name.c_str(), dev, [plan] { run_plan(*plan); }, &acc);
+  } else {
+    launch(info.name.c_str(), dev, [plan] { run_plan(*plan); });
+  }
 
   torch::jit::drop(*stack, n);
   for (auto& r : results) stack->push_back(std::move(r));
@@ -1162,12 +1188,20 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   struct Mutated { Tensor vnpu, cpu; const void* device_base; };
   std::vector<Mutated> mutated;
   const int64_t numel = max_numel(args);
+  std::vector<Slot> slots;
+  if (sanitizer::enabled()) slots.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     Slot slot = make_slot(args[i], schema.arguments()[i], dev, numel);
+    if (sanitizer::enabled()) slots.push_back(slot);
     IValue v = materialize(slot, ctx);
     if (info.mutable_arg[i] && v.isTensor() && v.toTensor().defined() && args[i].toTensor().device().type() == kVNPU)
       mutated.push_back({args[i].toTensor(), v.toTensor(), slot.specs[0].storage_base});
     s.push_back(std::move(v));
+  }
+  if (sanitizer::enabled()) {  // the kernel runs on this thread: host accesses
+    sanitizer::Accesses acc;
+    declare_accesses(acc, info, schema, slots, dev, /*outs=*/false);
+    sanitizer::host_access(info.name.c_str(), acc);
   }
   op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
 
@@ -1276,9 +1310,13 @@ IValue map_tensors(const IValue& v, const std::function<Tensor(const Tensor&)>& 
 }
 
 void launch(const char* name, DeviceIndex device, std::function<void()> kernel) {
+  launch(name, device, std::move(kernel), nullptr);
+}
+
+void launch(const char* name, DeviceIndex device, std::function<void()> kernel, const sanitizer::Accesses* accesses) {
   release_host_openmp_pool();  // Note [One OpenMP pool]
   auto stream = c10::vnpu::getCurrentVNPUStream(device);
-  VNPU_CHECK(vnpuLaunchKernel(stream.stream(), name, [k = std::move(kernel)] {
+  vnpuKernel_t task = [k = std::move(kernel)] {
     prepare_worker_thread();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     try {
@@ -1287,7 +1325,12 @@ void launch(const char* name, DeviceIndex device, std::function<void()> kernel) 
       // The message without the C++ backtrace; the runtime names the kernel.
       throw std::runtime_error(e.what_without_backtrace());
     }
-  }));
+  };
+  if (accesses != nullptr && sanitizer::enabled()) {
+    sanitizer::launch_checked(stream.stream(), name, std::move(task), *accesses);
+    return;
+  }
+  VNPU_CHECK(vnpuLaunchKernel(stream.stream(), name, std::move(task)));
 }
 
 Tensor rewrap_view(const Tensor& base, const Tensor& cpu_view) {
@@ -1346,6 +1389,8 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
     }
   }
   c10::DeviceGuard guard(Device(kVNPU, dev));
+  std::optional<sanitizer::CurrentOp> current_op;  // names the op at allocation sites
+  if (sanitizer::enabled()) current_op.emplace(info.name.c_str());
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
   if (info.path != Path::View && info.path != Path::InplaceView) raise_overlap_errors_like_cpu(op, info, torch::jit::last(*stack, n));

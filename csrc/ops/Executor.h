@@ -25,6 +25,9 @@
 #include <functional>
 
 namespace at::vnpu {
+namespace sanitizer {
+class Accesses;
+}
 
 // The boxed PrivateUse1 fallback.
 void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
@@ -34,6 +37,10 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // runs on the stream's worker with thread-local state prepared for ATen CPU
 // kernels. Errors surface at the next synchronization (RuntimeError).
 void launch(const char* name, DeviceIndex device, std::function<void()> kernel);
+// The same, declaring the memory the kernel reads and writes (checked under
+// VNPU_SANITIZE: a race raises StreamRaceError here, nothing is queued).
+void launch(const char* name, DeviceIndex device, std::function<void()> kernel,
+            const sanitizer::Accesses* accesses);
 
 // Routes ops that have a CPU kernel and a CompositeExplicitAutograd kernel to
 // the executor, so vnpu runs CPU's kernel (see Overrides.cpp). Idempotent.

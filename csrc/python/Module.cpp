@@ -16,6 +16,7 @@
 #include "../ops/Interrupts.h"
 #include "../ops/OpStats.h"
 #include "../ops/WorkerWarnings.h"
+#include "../sanitizer/Sanitizer.h"
 #include "Interrupts.h"
 #include "Ipc.h"
 #include "MemoryHistory.h"
@@ -108,11 +109,15 @@ PYBIND11_MODULE(_C, m) {
   at::vnpu::set_interrupt_test(&is_python_interrupt);
   torch_vnpu::install_interrupt_handling();
   at::vnpu::register_graph_impl();  // torch.accelerator.Graph on vnpu
+  at::vnpu::sanitizer::install();
 
   m.def("_device_count", &c10::vnpu::device_count);
   // Discovery (device_count, properties) does not initialize; _init does (Note [Discovery and initialization]).
   m.def("_init", [] { VNPU_CHECK(vnpuInit(0)); });
   m.def("_is_initialized", [] { return vnpuIsInitialized() != 0; });
+  // VNPU_SANITIZE (torch_vnpu/sanitizer): False once the runtime was initialized without it.
+  m.def("_sanitizer_enable", [] { return vnpuSanitizerEnable() == vnpuSuccess; });
+  m.def("_sanitizer_is_enabled", [] { return vnpuSanitizerIsEnabled() != 0; });
   m.def("_configuration_warnings", [] { return std::string(vnpuGetConfigurationWarningString()); });
   m.def("_check_device_index", &c10::vnpu::check_device_index);
   m.def("_current_device", &c10::vnpu::current_device);

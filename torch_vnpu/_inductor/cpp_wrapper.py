@@ -56,11 +56,11 @@ _RUNTIME = r"""
 
 namespace torch_vnpu_cpp_wrapper {
 
-// at::vnpu::InductorLaunchApi, version 2.
+// at::vnpu::InductorLaunchApi, version 3.
 struct LaunchApi {
   int version;
   int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
-  int (*host_scalar)(PyObject*, void*, size_t);
+  int (*host_scalar)(PyObject*, void*, size_t, int);
   int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
 };
 
@@ -76,7 +76,7 @@ static inline void init() {
   if (api) return;
   auto* found = static_cast<const LaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
   if (!found) throw PythonErrorSet();
-  if (found->version != 2) {
+  if (found->version != 3) {
     PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu graph was built for another torch_vnpu version");
     throw PythonErrorSet();
   }

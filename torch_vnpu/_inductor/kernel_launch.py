@@ -41,7 +41,7 @@ template <> inline VnpuKernelName parse_arg<VnpuKernelName>(PyObject* args, size
 struct VnpuLaunchApi {{
     int version;
     int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
-    int (*host_scalar)(PyObject*, void*, size_t);
+    int (*host_scalar)(PyObject*, void*, size_t, int);
     int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
 }};
 
@@ -49,7 +49,7 @@ static const VnpuLaunchApi* vnpu_launch_api() {{
     static const VnpuLaunchApi* api = nullptr;
     if (!api) {{
         auto* found = static_cast<const VnpuLaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
-        if (found && found->version != 2) {{
+        if (found && found->version != 3) {{
             PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu kernel was built for another torch_vnpu version");
             return nullptr;
         }}
@@ -88,7 +88,7 @@ def _args_struct(argtypes: Sequence[str]) -> str:
     host = f"    alignas(16) unsigned char host[{len(pointers)}][{_HOST_SCALAR_BYTES}];\n" if pointers else ""
     capture = "".join(
         f"    if ((r = host_scalar(PyTuple_GET_ITEM(pyargs, {i + len(LAUNCH_ARG_TYPES)}), a->host[{k}], "
-        f"{_HOST_SCALAR_BYTES})) < 0) return -1;\n"
+        f"{_HOST_SCALAR_BYTES}, {0 if 'const' in argtypes[i] else 1})) < 0) return -1;\n"
         f"    if (r) a->a{i} = reinterpret_cast<{types[i]}>(a->host[{k}]);\n"
         for k, i in enumerate(pointers)
     )
@@ -99,7 +99,7 @@ def _args_struct(argtypes: Sequence[str]) -> str:
         f"static void vnpu_run(void* p) {{ const auto* a = static_cast<VnpuKernelArgs*>(p); kernel({call}); }}\n"
         "static void vnpu_destroy(void* p) { delete static_cast<VnpuKernelArgs*>(p); }\n"
         "static int vnpu_capture_host_scalars(VnpuKernelArgs* a, PyObject* pyargs,\n"
-        "                                     int (*host_scalar)(PyObject*, void*, size_t)) {\n"
+        "                                     int (*host_scalar)(PyObject*, void*, size_t, int)) {\n"
         f"    int r = 0;\n{capture}    (void)r;\n    return 0;\n}}\n"
     )
 

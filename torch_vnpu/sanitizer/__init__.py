@@ -1,32 +1,64 @@
-"""``torch.vnpu.sanitizer``: VNPU_SANITIZE, checks that turn porting bugs into clear reports (issue #12).
+"""``torch.vnpu.sanitizer``: VNPU_SANITIZE, checks that turn timing-dependent porting bugs into errors.
 
-On main today: check 5, hard-coded CUDA reached from a program running on vnpu (``torch.cuda.is_available()``,
-``torch.cuda.is_bf16_supported()``, CUDA autocast and GradScaler, ``.cuda()``, string comparisons with
-``"cuda"``), each call site reported once as a :class:`~torch_vnpu.sanitizer.cuda_calls.CudaCallWarning` with
-the device-agnostic replacement (see :mod:`torch_vnpu.sanitizer.cuda_calls` and docs/sanitizer.md). The
-runtime checks (stream races, use after free, unsynchronised host reads) are not merged yet (docs/STATUS.md).
+With the sanitizer on, the vnpu runtime checks every memory access its streams execute (kernels, copies,
+compiled kernels, synchronous kernels on the host) against a happens-before order built from CUDA's
+semantics (same-stream order, events, ``wait_stream``, host synchronization), not from timing:
 
-Turn it on with the environment variable ``VNPU_SANITIZE=1`` (read when torch_vnpu loads, at ``import torch``)
-or :func:`enable`. Off by default; off, nothing is wrapped.
+* a kernel or copy that reads memory another stream writes, or writes memory another stream reads or
+  writes, with nothing ordering the two raises :class:`StreamRaceError` at the launching call (nothing is
+  queued); a tensor freed while a side stream still used it without ``record_stream`` is caught when its
+  memory is reused;
+* freed device memory is poisoned in stream order (NaN for floating dtypes, 0xFF bytes otherwise) and an
+  access to it before it is handed out again raises :class:`UseAfterFreeError`;
+* hard-coded CUDA reached from the program (``torch.cuda.is_bf16_supported()``, CUDA autocast and GradScaler,
+  ``"cuda" in device``...), which silently switches features off on vnpu, is reported once per call site
+  (:mod:`torch_vnpu.sanitizer.cuda_calls`, check 5).
+
+Messages name the op, the tensor (shape, dtype, the op and Python stack that allocated it), both streams
+and the fix. ``torch.cuda._sanitizer`` (CSAN, ``TORCH_CUDA_SANITIZER=1``) is the closest PyTorch
+equivalent; it checks ATen calls only. See docs/sanitizer.md for what each check catches and cannot.
+
+Turn it on with the environment variable ``VNPU_SANITIZE=1`` or :func:`enable` before the process uses a
+vnpu device. It is off by default; off, it costs one relaxed atomic load per launch.
 """
 
-import os
+import torch
 
+from .. import _C
 from . import cuda_calls
 
-__all__ = ["enable", "is_enabled"]
+__all__ = ["StreamRaceError", "UseAfterFreeError", "enable", "is_enabled"]
+
+
+class StreamRaceError(RuntimeError):
+    """Two accesses to the same device memory from different streams (or a stream and the host) with no
+    ordering between them, and at least one writes. Raised at the launching call; nothing was queued."""
+
+
+class UseAfterFreeError(RuntimeError):
+    """An access to device memory the caching allocator took back and has not handed out again."""
 
 
 def enable() -> None:
-    """Turns the sanitizer on for this process, as ``VNPU_SANITIZE=1`` does. Idempotent."""
+    """Turns the sanitizer on for this process, as ``VNPU_SANITIZE=1`` does.
+
+    Must run before the process's first vnpu work (allocation, kernel, copy): raises ``RuntimeError``
+    once the device was initialized without it, since earlier work was not tracked. Idempotent.
+    """
+    if not _C._sanitizer_enable():
+        raise RuntimeError(
+            "torch.vnpu.sanitizer.enable() must be called before any vnpu work (the vnpu device is already "
+            "initialized, and earlier work was not tracked). Set VNPU_SANITIZE=1 in the environment, or call "
+            "torch.vnpu.sanitizer.enable() at the start of the program."
+        )
     cuda_calls.install()
 
 
 def is_enabled() -> bool:
     """True if the sanitizer is on (``VNPU_SANITIZE=1`` or :func:`enable`)."""
-    return cuda_calls.installed()
+    return bool(_C._sanitizer_is_enabled())
 
 
 def _enable_from_environment() -> None:
-    if os.environ.get("VNPU_SANITIZE", "0").strip() not in ("", "0"):
-        enable()
+    """At ``import torch`` with ``VNPU_SANITIZE=1``: the runtime read the variable itself; check 5 is Python."""
+    cuda_calls.install()

@@ -58,6 +58,17 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                                "capture ends, or after replay()");
     }
   }
+  if (san::on()) {  // the copy declares its device ranges (Note [Sanitizer ranges])
+    vnpuMemAccess acc[2];
+    size_t n = 0;
+    if (kind == vnpuMemcpyDeviceToHost || kind == vnpuMemcpyDeviceToDevice) acc[n++] = {src, count, 0};
+    if (kind == vnpuMemcpyHostToDevice || kind == vnpuMemcpyDeviceToDevice) acc[n++] = {dst, count, 1};
+    const char* name = kind == vnpuMemcpyDeviceToHost ? "memcpy DtoH"
+                       : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
+                       : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
+                                                          : "memcpy HtoH";
+    if (vnpuError_t e = san::begin_task(s, name, acc, n); e != vnpuSuccess) return e;
+  }
   if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
     // Stage pageable memory now so the caller may reuse its buffer at once.
     std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
@@ -84,6 +95,13 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                                                           : "memcpy HtoH";
     const bool pinned = (kind == vnpuMemcpyHostToDevice && is_pinned(src)) ||
                         (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
+    if (kind == vnpuMemcpyDeviceToHost && san::on() && !launch_blocking()) {
+      std::memset(dst, 0xFF, count);  // Note [Deferred host copies]
+      return finish_submission(s, s->submit(name, [dst, src, count, ticket = san::gate_ticket()] {
+        san::wait_gate(ticket);
+        std::memmove(dst, src, count);
+      }, nullptr, {vnpuActivityKindMemcpy, count, kind, pinned}));
+    }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
                                           {vnpuActivityKindMemcpy, count, kind, pinned}));
   }
@@ -103,6 +121,10 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (san::on()) {
+    const vnpuMemAccess acc{dst, count, 1};
+    if (vnpuError_t e = san::begin_task(s, "memset", &acc, 1); e != vnpuSuccess) return e;
+  }
   return finish_submission(s, s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,
                                         {vnpuActivityKindMemset, count, vnpuMemcpyHostToHost, false}));
 }

@@ -137,6 +137,9 @@ std::vector<Device*>* create_devices() {
   g_launch_blocking = parse_flag("VNPU_LAUNCH_BLOCKING", false, &warning);
   if (!warning.empty()) g_config_warnings += warning + "\n";
   warning.clear();
+  if (parse_flag("VNPU_SANITIZE", false, &warning)) san::g_on.store(true);
+  if (!warning.empty()) g_config_warnings += warning + "\n";
+  warning.clear();
   g_ipc = parse_flag("VNPU_IPC", true, &warning);
   if (!warning.empty()) g_config_warnings += warning + "\n";
   int physical = 2;

@@ -70,6 +70,8 @@ const char* vnpuGetErrorString(vnpuError_t error) {
       return "attempt to end a capture begun by another thread";
     case vnpuErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     case vnpuErrorIllegalState: return "operation not permitted in the stream's current state";
+    case vnpuErrorStreamRace: return "sanitizer: access not ordered after a conflicting access of another stream";
+    case vnpuErrorUseAfterFree: return "sanitizer: access to freed device memory";
   }
   return "unknown error";
 }

@@ -49,6 +49,10 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
     event->captured_in = c;
     return vnpuSuccess;
   }
+  if (san::on()) {  // Note [Sanitizer clocks]
+    san::begin_task(s, "event record", nullptr, 0);
+    san::event_recorded(event, s);
+  }
   uint64_t gen;
   {
     std::lock_guard<std::mutex> g(event->mu);
@@ -91,19 +95,27 @@ vnpuError_t refuse_captured_event(Capture& c, const char* call) {
 vnpuError_t vnpuEventQuery(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
   if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventQuery");
-  std::lock_guard<std::mutex> g(event->mu);
-  return event->pending.count(event->recorded) == 0 ? vnpuSuccess : vnpuErrorNotReady;
+  bool done;
+  if (san::on()) san::release_gates();  // Note [Deferred host copies]
+  {
+    std::lock_guard<std::mutex> g(event->mu);
+    done = event->pending.count(event->recorded) == 0;
+  }
+  if (done && san::on()) san::host_waited_event(event);
+  return done ? vnpuSuccess : vnpuErrorNotReady;
 }
 
 vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // a pending record would never complete
   if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventSynchronize");
+  if (san::on()) san::release_gates();
   std::unique_lock<std::mutex> lk(event->mu);
   uint64_t target = event->recorded;  // See Note [Event lifetime and generations]
   if (!wait_interruptible(lk, event->cv, [&] { return event->pending.count(target) == 0; }))
     return vnpuErrorInterrupted;
   lk.unlock();
+  if (san::on()) san::host_waited_event(event);
   return take_device_error(current_device());
 }
 
@@ -136,12 +148,14 @@ vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned
                                "capturing stream wait before the capture begins");
     }
   }
+  if (san::on()) san::stream_waits_event(s, event);  // ordered even if already complete
   uint64_t target;
   {
     std::lock_guard<std::mutex> g(event->mu);
     target = event->recorded;  // waits for the record current at call time only
     if (event->pending.count(target) == 0) return vnpuSuccess;
   }
+  if (san::on()) san::begin_task(s, "event wait", nullptr, 0);
   // The task owns a reference: the handle may be destroyed while it waits.
   s->submit("event wait", [event = event->shared_from_this(), target] {
     std::unique_lock<std::mutex> lk(event->mu);

@@ -67,6 +67,7 @@ struct vnpuStream_st {
   std::atomic<uint64_t> submitted_hint{0};
   // Non-null while the stream captures (graph.cpp): submit() records instead of queuing.
   std::shared_ptr<vnpu::rt::Capture> capture;
+  int san_slot = -1;               // sanitizer: index of the stream's clock (sanitizer.cpp's lock)
 
   // What submit() did: queued the task, recorded it into the stream's capture,
   // or dropped it (the capture was invalidated).
@@ -100,6 +101,7 @@ struct vnpuEvent_st : std::enable_shared_from_this<vnpuEvent_st> {
   // Set when last recorded in a capturing stream (graph.cpp); such a record
   // queues nothing. Guarded by mu.
   std::weak_ptr<vnpu::rt::Capture> captured_in;
+  std::vector<uint64_t> san_clock;  // sanitizer: the recording stream's clock at the latest record (its lock)
 };
 
 namespace vnpu::rt {
@@ -174,6 +176,27 @@ uint64_t current_correlation_id();  // top of this thread's stack, 0 if empty
 uint64_t host_thread_id();          // Linux tid of the calling thread (cached)
 int64_t activity_now_ns();
 void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns, int64_t end_ns, bool failed);
+
+// Sanitizer (sanitizer.cpp; the contract is in runtime.h). on() is the one
+// relaxed load a call pays when it is off; every other function takes the
+// sanitizer's lock and is called only when on().
+namespace san {
+extern std::atomic<bool> g_on;
+inline bool on() { return g_on.load(std::memory_order_relaxed); }
+// Checks and records a task about to be submitted to s; vnpuSuccess or the
+// refusal (the report is stored for vnpuSanitizerGetLastReport).
+vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* acc, size_t n);
+void event_recorded(vnpuEvent_st* e, vnpuStream_st* s);  // after begin_task of the record
+void stream_waits_event(vnpuStream_st* s, vnpuEvent_st* e);
+void host_waited_stream(vnpuStream_st* s);
+void host_waited_event(vnpuEvent_st* e);
+// Note [Deferred host copies]: a device->pinned-host copy waits on the stream
+// until the host next waits for or queries anything (gate_ticket/wait_gate on
+// the worker, release_gates at every host wait or query).
+uint64_t gate_ticket();
+void wait_gate(uint64_t ticket);
+void release_gates();
+}  // namespace san
 
 // Note [Interruptible waits]
 // A host thread blocked in a synchronizing call waits in slices when a

@@ -180,14 +180,26 @@ vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn
 }
 
 bool vnpuStream_st::wait_idle(bool interruptible) {
-  std::unique_lock<std::mutex> lk(mu);
-  uint64_t target = submitted;
-  return wait_interruptible(lk, cv_done, [&] { return completed >= target; }, interruptible);
+  bool done;
+  if (san::on()) san::release_gates();  // Note [Deferred host copies]
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    uint64_t target = submitted;
+    done = wait_interruptible(lk, cv_done, [&] { return completed >= target; }, interruptible);
+  }
+  if (done && san::on()) san::host_waited_stream(this);  // Note [Sanitizer clocks]
+  return done;
 }
 
 bool vnpuStream_st::idle() {
-  std::lock_guard<std::mutex> lk(mu);
-  return completed == submitted;
+  bool done;
+  if (san::on()) san::release_gates();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = completed == submitted;
+  }
+  if (done && san::on()) san::host_waited_stream(this);
+  return done;
 }
 
 vnpuError_t vnpuSetWorkerIdleHook(void (*fn)(), unsigned linger_us) {
@@ -315,10 +327,18 @@ vnpuError_t vnpuStreamQuery(vnpuStream_t stream) {
 }
 
 vnpuError_t vnpuLaunchKernel(vnpuStream_t stream, const char* name, vnpuKernel_t kernel) {
-  if (!kernel) return vnpuErrorInvalidValue;
+  return vnpuLaunchKernelWithAccesses(stream, name, std::move(kernel), nullptr, 0);
+}
+
+vnpuError_t vnpuLaunchKernelWithAccesses(vnpuStream_t stream, const char* name, vnpuKernel_t kernel,
+                                         const vnpuMemAccess* accesses, size_t count) {
+  if (!kernel || (count > 0 && accesses == nullptr)) return vnpuErrorInvalidValue;
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (san::on()) {
+    if (vnpuError_t e = san::begin_task(s, name, accesses, count); e != vnpuSuccess) return e;
+  }
   return finish_submission(s, s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel)));
 }
 

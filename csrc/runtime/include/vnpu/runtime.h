@@ -31,6 +31,8 @@
 //  VNPU_MEMORY_PER_DEVICE   capacity in bytes, suffixes K/M/G/T (KiB...) (default 8G)
 //  VNPU_LAUNCH_BLOCKING     1 = synchronous execution (boolean: see vnpuGetEnvFlag)
 //  VNPU_IPC                 0 = device memory not exported to other processes (no vnpuIpc*); default 1
+//  VNPU_SANITIZE            1 = check every declared access for stream races and use after free
+//                           (see "Sanitizer" below); default 0
 //
 // Example:
 //   vnpuStream_t s;  vnpuStreamCreate(&s);
@@ -70,6 +72,8 @@ enum vnpuError_t : int {
   vnpuErrorStreamCaptureWrongThread = 15,  // capture ended from another thread (global/thread-local mode)
   vnpuErrorCapturedEvent = 16,             // query/synchronize of an event recorded in a capture
   vnpuErrorIllegalState = 17,              // e.g. begin capture on a stream already capturing
+  vnpuErrorStreamRace = 18,           // sanitizer: an access not ordered after a conflicting one (nothing queued)
+  vnpuErrorUseAfterFree = 19,         // sanitizer: an access to freed device memory (nothing queued)
 };
 
 enum vnpuMemcpyKind : int {
@@ -384,5 +388,63 @@ vnpuError_t vnpuActivityPopExternalCorrelationId(uint64_t* id);
 vnpuError_t vnpuActivityFlushAll(std::vector<vnpuActivityRecord>* records);
 // The record clock now, in nanoseconds.
 vnpuError_t vnpuActivityGetTimestamp(int64_t* ns);
+
+// Sanitizer (VNPU_SANITIZE=1 or vnpuSanitizerEnable; no CUDA equivalent, the
+// idea of compute-sanitizer's racecheck applied to streams). The runtime keeps,
+// per byte range of memory, the last task that wrote it and the tasks that
+// read it since, as (stream, position in that stream), and a vector clock per
+// stream: what each stream's next task is ordered after. Clocks follow
+// happens-before as CUDA defines it, not timing: same-stream order, event
+// record -> vnpuStreamWaitEvent, and host waits (stream/event/device
+// synchronize, a query that answers complete, blocking copies): work a host
+// thread queues after such a wait is ordered after what it waited for. A
+// launch declares its accesses; one that reads a range whose last write is not
+// ordered before it, or writes a range read or written by an unordered task,
+// is refused (vnpuErrorStreamRace, nothing queued) and
+// vnpuSanitizerGetLastReport describes the conflict. Copies and memsets
+// declare their device ranges themselves. Freed memory (vnpuSanitizerFree) is
+// poisoned on its stream; an access to it before vnpuSanitizerAlloc hands it
+// out again is refused with vnpuErrorUseAfterFree. Off: every call costs one
+// relaxed atomic load more.
+struct vnpuMemAccess {
+  const void* ptr;
+  size_t bytes;
+  int write;         // 0 = read
+};
+struct vnpuSanitizerReport {
+  vnpuError_t error = vnpuSuccess;  // vnpuErrorStreamRace or vnpuErrorUseAfterFree
+  size_t access = 0;                // index of the refused access in the call's list
+  int write = 0;                    // the refused access writes
+  const void* ptr = nullptr;        // the refused access's range (it overlaps the earlier one)
+  size_t bytes = 0;
+  vnpuStream_t stream = nullptr;    // stream of the refused task (null: the host)
+  uint64_t position = 0;            // its position in that stream (1 = first task)
+  std::string name;                 // its name
+  vnpuStream_t other_stream = nullptr;  // the earlier, unordered access's stream (null: the host)
+  uint64_t other_position = 0;
+  std::string other_name;
+  int other_write = 0;
+  int freed_since = 0;              // the range was freed (and handed out again) after the earlier access
+  vnpuStream_t freed_on = nullptr;  // UseAfterFree: the stream whose free poisoned it
+};
+// Turns checking on for this process. vnpuErrorNotSupported once the runtime
+// is initialized without it (earlier work was not tracked). Idempotent.
+vnpuError_t vnpuSanitizerEnable();
+int vnpuSanitizerIsEnabled();
+// vnpuLaunchKernel with declared accesses (checked and recorded when the
+// sanitizer is on; identical to vnpuLaunchKernel when off).
+vnpuError_t vnpuLaunchKernelWithAccesses(vnpuStream_t stream, const char* name, vnpuKernel_t kernel,
+                                         const vnpuMemAccess* accesses, size_t count);
+// Accesses made by host code (a synchronous kernel run on the calling thread).
+vnpuError_t vnpuSanitizerHostAccess(const char* name, const vnpuMemAccess* accesses, size_t count);
+// The report of this thread's last refused call.
+vnpuError_t vnpuSanitizerGetLastReport(vnpuSanitizerReport* report);
+// The allocator above frees [ptr, ptr+bytes) allocated on `stream`: queues a
+// poison fill (0xFF bytes: NaN in every floating dtype) on `stream` and marks
+// the range freed. No-op when off.
+vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream);
+// ... hands [ptr, ptr+bytes) out again (the access history is kept: a task of
+// another stream still unordered with the old use is a race for the new one).
+vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes);
 
 }  // extern "C++"

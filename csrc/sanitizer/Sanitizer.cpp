@@ -1,0 +1,256 @@
+// See Sanitizer.h. Reports: Note [Sanitizer reports].
+#include "Sanitizer.h"
+
+#include "../core/VNPUCachingAllocator.h"
+#include "../core/VNPUException.h"
+#include "../core/VNPUStream.h"
+
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include <Python.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace py = pybind11;
+
+// From torch/csrc/profiler/python/combined_traceback.h (libtorch_python); see csrc/python/MemoryHistory.cpp.
+namespace torch {
+TORCH_PYTHON_API std::vector<py::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+}  // namespace torch
+
+namespace at::vnpu::sanitizer {
+namespace {
+
+thread_local const char* t_op = nullptr;
+
+// Where a block was allocated: the op running then and the Python stack.
+struct AllocationSite : c10::GatheredContext {
+  std::string op;
+  std::shared_ptr<torch::CapturedTraceback> stack;
+};
+
+bool python_thread() { return Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_GetThisThreadState() != nullptr; }
+
+std::shared_ptr<c10::GatheredContext> record_site() {
+  auto site = std::make_shared<AllocationSite>();
+  site->op = t_op != nullptr ? t_op : "";
+  if (python_thread()) site->stack = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+  return site;
+}
+
+// The Python class torch_vnpu.sanitizer.<name> (RuntimeError if it cannot be imported). Called with the GIL.
+PyObject* python_error_type(const char* name) {
+  PyObject* mod = PyImport_ImportModule("torch_vnpu.sanitizer");
+  if (mod == nullptr) {
+    PyErr_Clear();
+    return PyExc_RuntimeError;
+  }
+  PyObject* t = PyObject_GetAttrString(mod, name);
+  Py_DECREF(mod);
+  if (t == nullptr) {
+    PyErr_Clear();
+    return PyExc_RuntimeError;
+  }
+  return t;  // kept for the process
+}
+
+// Not c10::Error: torch's CATCH_CORE_ERRORS maps PyTorchError to its python_type().
+struct StreamRaceError : torch::PyTorchError {
+  using PyTorchError::PyTorchError;
+  PyObject* python_type() override {
+    static PyObject* t = python_error_type("StreamRaceError");
+    return t;
+  }
+};
+struct UseAfterFreeError : torch::PyTorchError {
+  using PyTorchError::PyTorchError;
+  PyObject* python_type() override {
+    static PyObject* t = python_error_type("UseAfterFreeError");
+    return t;
+  }
+};
+
+std::string stream_name(vnpuStream_t s) {
+  if (s == nullptr) return "the host";
+  int dev = 0;
+  vnpuStreamGetDevice(s, &dev);
+  const c10::StreamId id = c10::vnpu::streamIdOf(static_cast<c10::DeviceIndex>(dev), s);
+  std::ostringstream o;
+  if (id == 0) o << "the default stream of vnpu:" << dev;
+  else o << "<torch.vnpu.Stream device=vnpu:" << dev << " stream_id=" << id << ">";
+  return o.str();
+}
+
+// The innermost frames outside torch and torch_vnpu (the user's code), innermost last.
+std::string format_stack(const std::shared_ptr<torch::CapturedTraceback>& tb) {
+  if (!tb || !Py_IsInitialized() || _Py_IsFinalizing()) return "";
+  py::gil_scoped_acquire gil;
+  std::vector<torch::CapturedTraceback*> v{tb.get()};
+  std::vector<std::string> lines;
+  try {
+    auto frames = torch::py_symbolize(v);
+    if (frames.empty()) return "";
+    for (const py::handle f : frames[0]) {
+      std::string file = py::str(f["filename"]);
+      if (file.find("/torch/") != std::string::npos || file.find("/torch_vnpu/") != std::string::npos) continue;
+      lines.push_back("    " + file + ":" + std::string(py::str(f["line"])) + " in " + std::string(py::str(f["name"])));
+      if (lines.size() == 6) break;
+    }
+  } catch (const py::error_already_set&) {
+    return "";
+  }
+  std::reverse(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  std::string s = c10::toString(t);  // "Float"
+  if (s == "Float") return "torch.float32";
+  if (s == "Double") return "torch.float64";
+  if (s == "Half") return "torch.float16";
+  if (s == "BFloat16") return "torch.bfloat16";
+  if (s == "Long") return "torch.int64";
+  if (s == "Int") return "torch.int32";
+  if (s == "Bool") return "torch.bool";
+  return "torch." + s;
+}
+
+// Note [Sanitizer reports]
+// One paragraph each: what the refused op does to which tensor, what the
+// earlier unordered access was, then the tensor's allocation site, then the
+// fix. Python stacks are symbolized only here (gathered cheaply at allocation).
+std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, const vnpuSanitizerReport& r) {
+  std::ostringstream m;
+  const std::string here = stream_name(r.stream), there = stream_name(r.other_stream);
+  std::string tensor = "device memory";
+  const Accesses::Desc* d = accesses != nullptr && r.access < accesses->size() ? &accesses->desc(r.access) : nullptr;
+  if (d != nullptr) {
+    std::ostringstream t;
+    if (d->dtype != c10::ScalarType::Undefined) {
+      t << "the tensor of shape " << c10::IntArrayRef(d->sizes) << " and dtype " << dtype_name(d->dtype);
+    } else {
+      t << "the memory";
+    }
+    t << " passed as " << d->what;
+    tensor = t.str();
+  }
+  const char* name = op != nullptr ? op : r.name.c_str();
+  if (err == vnpuErrorUseAfterFree) {
+    m << "vNPU sanitizer: use after free: '" << name << "' on " << here << (r.write ? " writes " : " reads ") << tensor
+      << " (" << r.bytes << " bytes at " << r.ptr << "), memory the caching allocator took back (freed on "
+      << stream_name(r.freed_on) << ") and has not handed out again.";
+    if (!r.other_name.empty()) m << " Its last writer was '" << r.other_name << "' on " << there << ".";
+    m << "\nFreed device memory is poisoned (NaN for floating dtypes, 0xFF bytes otherwise). Fix: keep the tensor "
+         "alive while work that uses it is queued; never keep a data_ptr() or a kernel argument past the tensor's "
+         "lifetime.";
+    return m.str();
+  }
+  m << "vNPU sanitizer: stream race: '" << name << "' on " << here << (r.write ? " writes " : " reads ") << tensor
+    << " (" << r.bytes << " bytes at " << r.ptr << "), which '" << r.other_name << "' on " << there << " (its task #"
+    << r.other_position << ") " << (r.other_write ? "writes" : "reads")
+    << ", and nothing orders the two (no event, wait_stream or synchronize between them). This is reported by "
+       "ordering, not timing: on a real accelerator the result depends on which stream runs first.";
+  if (r.freed_since) {
+    m << "\nThe memory was freed since that access and handed out again: the tensor that " << there
+      << " used was dropped while that stream could still be using it.";
+  }
+  if (d != nullptr && d->base != nullptr) {
+    auto ctx = c10::vnpu::allocator::sanitizerContext(static_cast<c10::DeviceIndex>(d->device), d->base);
+    if (auto* site = dynamic_cast<AllocationSite*>(ctx.get())) {
+      m << "\nThe tensor was allocated" << (site->op.empty() ? std::string() : " by '" + site->op + "'");
+      const std::string stack = format_stack(site->stack);
+      m << (stack.empty() ? std::string(".") : " at:\n" + stack);
+    }
+  }
+  m << "\nFix: ";
+  if (r.freed_since) {
+    m << "call t.record_stream(s) for the side stream s before dropping the tensor t (the caching allocator then "
+         "waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
+         "event recorded on s that the allocating stream waits for).";
+  } else if (r.stream == nullptr) {
+    m << "this op runs on the host after synchronizing the current stream only: make the current stream wait for "
+      << there << " first (torch.vnpu.current_stream().wait_stream(s), or an event), or synchronize it (s.synchronize(), "
+      << "torch.vnpu.synchronize()).";
+  } else if (r.other_stream == nullptr) {
+    m << "host work and stream work are ordered by program order: this should not happen; please report it.";
+  } else if (r.other_write) {
+    m << "make " << here << " wait for the producer before this op: torch.vnpu.current_stream().wait_stream(s) "
+      << "with s = " << there << ", or e = torch.vnpu.Event(); e.record(s); torch.vnpu.current_stream().wait_event(e).";
+  } else {
+    m << "this op overwrites memory " << there << " may still be reading: make " << here
+      << " wait for that stream first (wait_stream or an event), and if the tensor changes hands between streams, "
+         "call t.record_stream(s) before dropping it.";
+  }
+  return m.str();
+}
+
+void raise_from_check(vnpuError_t err, const char* op) { raise(err, op, nullptr); }
+
+}  // namespace
+
+std::atomic<int> g_enabled{-1};
+
+bool enabled_slow() {
+  const bool on = vnpuSanitizerIsEnabled() != 0;
+  if (vnpuIsInitialized()) g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
+  return on;
+}
+
+void Accesses::add(const void* base, size_t storage_nbytes, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                   int64_t storage_offset, c10::ScalarType dtype, int device, bool write, std::string what) {
+  if (base == nullptr) return;
+  int64_t lo = 0, hi = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return;
+    const int64_t span = (sizes[i] - 1) * strides[i];
+    (span < 0 ? lo : hi) += span;
+  }
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t first = (storage_offset + lo) * item, last = (storage_offset + hi + 1) * item;
+  first = std::max<int64_t>(first, 0);
+  last = std::min<int64_t>(last, static_cast<int64_t>(storage_nbytes));
+  if (last <= first) return;
+  acc_.push_back({static_cast<const char*>(base) + first, static_cast<size_t>(last - first), write ? 1 : 0});
+  desc_.push_back({base, sizes.vec(), dtype, device, std::move(what)});
+}
+
+void Accesses::add_raw(const void* ptr, size_t bytes, int device, bool write, std::string what) {
+  if (ptr == nullptr || bytes == 0) return;
+  acc_.push_back({ptr, bytes, write ? 1 : 0});
+  desc_.push_back({nullptr, {}, c10::ScalarType::Undefined, device, std::move(what)});
+}
+
+void launch_checked(vnpuStream_t stream, const char* name, vnpuKernel_t kernel, const Accesses& accesses) {
+  const vnpuError_t e = vnpuLaunchKernelWithAccesses(stream, name, std::move(kernel), accesses.data(), accesses.size());
+  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) raise(e, name, &accesses);
+  VNPU_CHECK(e);
+}
+
+void host_access(const char* name, const Accesses& accesses) {
+  const vnpuError_t e = vnpuSanitizerHostAccess(name, accesses.data(), accesses.size());
+  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) raise(e, name, &accesses);
+  VNPU_CHECK(e);
+}
+
+void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
+  vnpuSanitizerReport r;
+  vnpuSanitizerGetLastReport(&r);
+  std::string msg = describe(err, op, accesses, r);
+  if (err == vnpuErrorUseAfterFree) throw UseAfterFreeError(std::move(msg));
+  throw StreamRaceError(std::move(msg));
+}
+
+CurrentOp::CurrentOp(const char* name) : prev_(t_op) { t_op = name; }
+CurrentOp::~CurrentOp() { t_op = prev_; }
+
+void install() {
+  c10::vnpu::allocator::setSanitizerRecorder(&record_site);
+  c10::vnpu::set_sanitizer_raiser(&raise_from_check);
+}
+
+}  // namespace at::vnpu::sanitizer

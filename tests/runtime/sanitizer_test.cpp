@@ -1,0 +1,99 @@
+// Sanitizer (VNPU_SANITIZE=1): happens-before checks of declared accesses.
+// Ordering, not timing: every race here is reported although the streams
+// are idle when the second access is launched. Each scenario runs in a fresh
+// process (the sanitizer must be on before initialization).
+#include "test_util.h"
+
+using namespace vnpu_test;
+
+namespace {
+
+vnpuError_t Launch(vnpuStream_t s, void* p, size_t n, int write) {
+  const vnpuMemAccess a{p, n, write};
+  return vnpuLaunchKernelWithAccesses(s, write ? "writer" : "reader", [] {}, &a, 1);
+}
+
+VNPU_CHILD_SCENARIO(SanitizerOrdering) {
+  CHILD_CHECK_EQ(vnpuSanitizerIsEnabled(), 1);
+  vnpuStream_t a = nullptr, b = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamCreate(&b), vnpuSuccess);
+  char* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 1), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 0), vnpuSuccess);            // same stream: ordered
+  CHILD_CHECK_EQ(Launch(b, p + 1024, 1024, 1), vnpuSuccess);     // disjoint bytes
+  std::this_thread::sleep_for(20ms);                             // `a` is idle by now: still a race
+  CHILD_CHECK_EQ(Launch(b, p + 512, 16, 0), vnpuErrorStreamRace);
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.stream == b && r.other_stream == a && r.other_write == 1 && r.other_name == "writer");
+  CHILD_CHECK(r.ptr == p + 512 && r.bytes == 16);
+  // The host waited for `a`: work queued afterwards on any stream is ordered after it.
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(b, p + 512, 16, 0), vnpuSuccess);
+  // b read [512, 528): a write there from a must wait for b.
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 1), vnpuErrorStreamRace);
+  vnpuEvent_t e = nullptr;
+  CHILD_CHECK_EQ(vnpuEventCreate(&e), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, b), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamWaitEvent(a, e, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 1), vnpuSuccess);
+  // Copies declare their ranges: b reads what a just wrote.
+  std::vector<char> host(64);
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(host.data(), p, 64, vnpuMemcpyDeviceToHost, b), vnpuErrorStreamRace);
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(host.data(), p, 64, vnpuMemcpyDeviceToHost, b), vnpuSuccess);
+  // Host accesses: a write from a, unsynchronized, is a race for the host.
+  CHILD_CHECK_EQ(Launch(a, p + 2048, 8, 1), vnpuSuccess);
+  const vnpuMemAccess h{p + 2048, 8, 0};
+  CHILD_CHECK_EQ(vnpuSanitizerHostAccess("host read", &h, 1), vnpuErrorStreamRace);
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSanitizerHostAccess("host read", &h, 1), vnpuSuccess);
+  return 0;
+}
+
+VNPU_CHILD_SCENARIO(SanitizerFree) {
+  vnpuStream_t a = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  float* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, 4096, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSanitizerFree(p, 4096, a), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p + 10, 4, 0), vnpuErrorUseAfterFree);
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);
+  CHILD_CHECK(p[0] != p[0]);  // poisoned in stream order: NaN
+  CHILD_CHECK_EQ(vnpuSanitizerAlloc(p, 2048), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p + 10, 4, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p + 600, 4, 0), vnpuErrorUseAfterFree);  // beyond the new allocation
+  return 0;
+}
+
+VNPU_CHILD_SCENARIO(SanitizerEnableAfterInit) {
+  CHILD_CHECK_EQ(vnpuSanitizerIsEnabled(), 0);
+  CHILD_CHECK_EQ(vnpuInit(0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSanitizerEnable(), vnpuErrorNotSupported);
+  CHILD_CHECK_EQ(vnpuSanitizerIsEnabled(), 0);
+  void* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(&p, 64), vnpuSuccess);
+  vnpuStream_t a = nullptr, b = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamCreate(&b), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p, 64, 1), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(b, p, 64, 1), vnpuSuccess);  // off: not checked
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  return 0;
+}
+
+TEST(SanitizerTest, OrderingByStreamsEventsAndHostWaits) {
+  EXPECT_EQ(RunScenario("SanitizerOrdering", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, FreedMemoryIsPoisonedAndRefused) {
+  EXPECT_EQ(RunScenario("SanitizerFree", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, EnableRefusedAfterInitialization) { EXPECT_EQ(RunScenario("SanitizerEnableAfterInit"), 0); }
+
+}  // namespace
