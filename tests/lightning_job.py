@@ -67,22 +67,24 @@ def _dist_facts() -> dict:
     return {"backend": str(dist.get_backend()), "world_size": dist.get_world_size()}
 
 
-def _trainer(args, strategy: str, out: str) -> dict:
+def _trainer(args, strategy: str, out: str, precision: str = "32-true") -> dict:
     model = Regressor()
     trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy, max_steps=5,
+                        precision=precision,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=out)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's tips about num_workers, litlogger
         trainer.fit(model, loader(args.batch_size))
         # Every rank calls it; Lightning gathers the full state (FSDP) and rank 0 writes it.
-        trainer.save_checkpoint(os.path.join(out, f"trainer-{strategy}.ckpt"))
+        trainer.save_checkpoint(os.path.join(out, f"{args.phase}.ckpt"))
     if trainer.global_rank == 0:
-        ckpt = torch.load(os.path.join(out, f"trainer-{strategy}.ckpt"), map_location="cpu", weights_only=False)
-        torch.save(ckpt["state_dict"], os.path.join(out, f"trainer-{strategy}.pt"))
+        ckpt = torch.load(os.path.join(out, f"{args.phase}.ckpt"), map_location="cpu", weights_only=False)
+        torch.save(ckpt["state_dict"], os.path.join(out, f"{args.phase}.pt"))
     return {"losses": model.losses, "param_devices": sorted(model.param_devices),
             "batch_devices": sorted(model.batch_devices), "state_devices": sorted(model.state_devices),
             "strategy": type(trainer.strategy).__name__, "root_device": str(trainer.strategy.root_device),
+            "dtypes": sorted({str(d) for d in model.dtypes}), "precision_plugin": type(trainer.precision_plugin).__name__,
             "global_rank": trainer.global_rank, **_dist_facts()}
 
 
@@ -127,9 +129,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     args.devices = int(args.devices) if args.devices.lstrip("-").isdigit() else args.devices
-    for phase in args.phases.split(","):
-        kind, strategy = phase.split("-", 1)
-        facts = (_trainer if kind == "trainer" else _fabric)(args, strategy, args.out)
+    for phase in args.phases.split(","):  # kind-strategy[-precision]: trainer-ddp, fabric-fsdp, trainer-fsdp-bf16-mixed
+        kind, strategy, *precision = phase.split("-", 2)
+        args.phase = phase
+        if kind == "trainer":
+            facts = _trainer(args, strategy, args.out, *precision)
+        else:
+            facts = _fabric(args, strategy, args.out)
         with open(os.path.join(args.out, f"{phase}-rank{facts['global_rank']}.json"), "w") as f:
             json.dump(facts, f)
 

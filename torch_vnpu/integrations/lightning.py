@@ -14,15 +14,17 @@ version is left alone with one warning. What it does, for both the Trainer and F
    on the CPU: for vnpu the ``SingleDeviceStrategy`` gets ``vnpu:<i>``;
 4. ``precision="16-mixed"`` / ``"bf16-mixed"``: Lightning makes ``MixedPrecision(device="cuda")`` for any
    accelerator but cpu/mps (autocast and GradScaler disabled without CUDA): for vnpu it is
-   ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16).
+   ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16);
+   with FSDP, an ``FSDPPrecision`` whose forward autocasts vnpu and whose fp16 scaler is a vnpu
+   ``ShardedGradScaler``.
 
 5. ``strategy="ddp"`` (several devices): Lightning builds ``DistributedDataParallel`` inside
    ``torch.cuda.stream(torch.cuda.Stream())`` whenever it has device ids, which raises without CUDA: for vnpu
    the side stream is a vnpu stream, and the current stream waits for it afterwards (DDP's initial broadcast
    of the parameters ran there);
 6. ``strategy="fsdp"``: Lightning refuses it for any accelerator flag but ``"cuda"``/``"gpu"`` (a check of the
-   flag only): accepted for vnpu (torch's FSDP runs on the root device). Its ``FSDPPrecision`` still autocasts
-   ``"cuda"``: FSDP with ``precision="*-mixed"`` is not adapted yet.
+   flag only): accepted for vnpu (torch's FSDP runs on the root device); with ``precision="*-mixed"`` its
+   ``FSDPPrecision`` (autocast ``"cuda"``, a CUDA ``ShardedGradScaler``) is replaced by one on vnpu (patch 4).
 
 Several devices use Lightning's ``"ddp"``/``"fsdp"`` strategies and its launcher (the script is started once
 more per extra device); the process-group backend Lightning picks from
@@ -151,7 +153,32 @@ def _is_vnpu(flag) -> bool:
     return flag == _DEVICE or isinstance(flag, tuple(_accelerator_classes))
 
 
-def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool) -> None:
+def _make_fsdp_precision(base: type) -> type:
+    """Lightning's ``FSDPPrecision`` autocasting vnpu (its own autocasts ``"cuda"``), with a vnpu
+    ``ShardedGradScaler`` for ``"16-mixed"`` (its own is a CUDA one)."""
+
+    class VNPUFSDPPrecision(base):
+        def __init__(self, precision, scaler=None) -> None:
+            if scaler is None and precision == "16-mixed":
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                scaler = ShardedGradScaler(device=_DEVICE)
+                # Lightning 2.6 checks the scaler against self.precision before setting it (the class default
+                # "32-true"), refusing any scaler given for "16-mixed".
+                self.precision = precision
+            super().__init__(precision, scaler)
+
+        def forward_context(self):
+            if "mixed" in self.precision:
+                return torch.autocast(_DEVICE, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+            return super().forward_context()
+
+    VNPUFSDPPrecision.__module__ = __name__
+    return VNPUFSDPPrecision
+
+
+def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool,
+                     fsdp_precision: type) -> None:
     # 2. accelerator="auto": the connector's own choice ends in "cpu" for anything but TPU/MPS/CUDA.
     orig_auto = cls.__dict__["_choose_auto_accelerator"]
 
@@ -179,8 +206,10 @@ def _patch_connector(cls: type, strategies, mixed_precision: type, precision_bas
 
     _set(cls, "_choose_strategy", _choose_strategy, "3, single device -> vnpu:<i>")
 
-    # 4. Mixed precision: MixedPrecision(device="cuda") for any accelerator but cpu/mps.
+    # 4. Mixed precision: MixedPrecision(device="cuda") for any accelerator but cpu/mps; FSDPPrecision autocasts
+    # "cuda" and scales with a CUDA ShardedGradScaler.
     orig_precision = cls.__dict__["_check_and_init_precision"]
+    vnpu_fsdp_precision = _make_fsdp_precision(fsdp_precision)
     flag_name, instance_name = ("_precision_flag", "_precision_plugin_flag") if trainer else (
         "_precision_input", "_precision_instance")
 
@@ -196,6 +225,15 @@ def _patch_connector(cls: type, strategies, mixed_precision: type, precision_bas
             if trainer:
                 self._validate_precision_choice()
             return mixed_precision(precision, _DEVICE)
+        if (
+            _is_vnpu(self._accelerator_flag)
+            and precision in ("16-mixed", "bf16-mixed")
+            and not isinstance(getattr(self, instance_name), precision_base)
+            and isinstance(self.strategy, strategies.FSDPStrategy)
+        ):
+            if trainer:
+                self._validate_precision_choice()
+            return vnpu_fsdp_precision(precision)
         return orig_precision(self)
 
     _set(cls, "_check_and_init_precision", _check_and_init_precision, "4, MixedPrecision(device='vnpu')")
@@ -278,7 +316,8 @@ def _patch_fabric(fabric: str) -> None:
     acc = _make_accelerator(accelerators.Accelerator, ValueError, trainer=False)
     _accelerator_classes.append(acc)
     _register(accelerators.ACCELERATOR_REGISTRY, acc)
-    _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False)
+    _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False,
+                     fsdp_precision=precision.FSDPPrecision)
     _patch_ddp(strategies.DDPStrategy, "setup_module", "_determine_ddp_device_ids")
     _patch_fsdp_check(connector._Connector, strategies)
 
@@ -293,7 +332,7 @@ def _patch_trainer(pl: str) -> None:
     _accelerator_classes.append(acc)
     _register(accelerators.AcceleratorRegistry, acc)
     _patch_connector(connector._AcceleratorConnector, strategies, precision.MixedPrecision, precision.Precision,
-                     trainer=True)
+                     trainer=True, fsdp_precision=precision.FSDPPrecision)
     _patch_ddp(strategies.DDPStrategy, "_setup_model", "determine_ddp_device_ids")
     _patch_fsdp_check(connector._AcceleratorConnector, strategies)
 
