@@ -16,8 +16,7 @@ version is left alone with one warning. What it does, for both the Trainer and F
    accelerator but cpu/mps (autocast and GradScaler disabled without CUDA): for vnpu it is
    ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16);
    with FSDP, an ``FSDPPrecision`` whose forward autocasts vnpu and whose fp16 scaler is a vnpu
-   ``ShardedGradScaler``.
-
+   ``ShardedGradScaler``;
 5. ``strategy="ddp"`` (several devices): Lightning builds ``DistributedDataParallel`` inside
    ``torch.cuda.stream(torch.cuda.Stream())`` whenever it has device ids, which raises without CUDA: for vnpu
    the side stream is a vnpu stream, and the current stream waits for it afterwards (DDP's initial broadcast
