@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage clean
+.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage check-wheel clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ opinfo: install
 hf-coverage: install
 	mkdir -p $(OUT) && cd $(OUT) && HF_HUB_OFFLINE=1 ../$(PY) ../scripts/hf_coverage.py --jobs 2 --timeout 600 \
 	  --json hf_coverage.json --markdown ../docs/hf_coverage.md
+
+# Install check (issue #14): `pip wheel` of this tree, installed with torch==2.13.0 into a fresh venv, imported
+# from a temporary directory, the repository root and tests/; a build for another torch refused (~3-6 min).
+check-wheel: install
+	$(PY) scripts/check_wheel.py
 
 clean:
 	rm -rf build $(OUT)

@@ -48,3 +48,26 @@ def test_another_torch_version_is_refused_with_the_versions_named(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: torch_vnpu was built for torch 2.13.0")
     assert "but torch 2.99.0 is loaded" in last and "Install torch==2.13.0" in last
+
+
+def test_import_torch_with_a_build_for_another_torch_names_both_versions(tmp_path):
+    # What `import torch` (torch's backend autoload) shows when the installed torch_vnpu was built for another
+    # torch: a copy of the installed package (symlinks: the same _C) whose _build_info names torch 2.12.0, first
+    # on sys.path (the working directory). Loading _C would be the undefined-symbol crash; it must not be reached.
+    installed = os.path.dirname(torch_vnpu.__file__)
+    copy = tmp_path / "torch_vnpu"
+    copy.mkdir()
+    for name in os.listdir(installed):
+        if name not in ("_build_info.py", "__pycache__"):
+            os.symlink(os.path.join(installed, name), copy / name)
+    (copy / "_build_info.py").write_text('TORCH_VERSION = "2.12.0+cpu"\n')
+    proc = _python("import torch", str(tmp_path))
+    assert proc.returncode == 1 and "undefined symbol" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    ours = [line for line in lines if line.startswith("ImportError: torch_vnpu was built for torch 2.12.0+cpu")]
+    assert ours and f"but torch {torch.__version__} is loaded" in ours[0] and "Install torch==2.12.0" in ours[0]
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in ours[0]
+    # torch wraps the entry point's error: its RuntimeError, caused by ours, is the last line.
+    assert lines[-1].startswith("RuntimeError: Failed to load the backend extension: torch_vnpu.")
+    proc = _python("import torch; print(torch.ones(1).device)", str(tmp_path), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert proc.returncode == 0 and proc.stdout.strip() == "cpu", proc.stderr[-2000:]

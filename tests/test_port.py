@@ -90,6 +90,21 @@ def test_hf_trainer_script_matches_cpu(tmp_path):
     assert port["generated"] == cpu["generated"]
 
 
+def test_torch_compile_under_port_mode_matches_cpu(tmp_path):
+    # A CUDA script that compiles its model (Inductor's vnpu backend) with a "cuda" device string inside the
+    # compiled forward, against the same script eager on the CPU. One tiny model: forward + backward graphs.
+    port = _script("compile_cuda.py", tmp_path, True)
+    cpu = _script("compile_cuda.py", tmp_path, False, "--cpu", "--no-compile")
+    assert port["device"] == "cuda" and cpu["device"] == "cpu"
+    assert port["param_devices"] == ["vnpu"] and port["logits_device"] == "vnpu:0"
+    assert port["unique_graphs"] == 1 and port["graph_breaks"] == 0 and port["inductor_graphs"] == 2, port
+    # Inductor's fused kernels and fused AdamW vs eager kernels and for-loop AdamW: fp32, another order.
+    torch.testing.assert_close(torch.tensor(port["losses"]), torch.tensor(cpu["losses"]), rtol=1e-5, atol=0)
+    for k, v in cpu["params"].items():
+        torch.testing.assert_close(torch.tensor(port["params"][k]), torch.tensor(v), rtol=0, atol=1e-5, msg=k)
+    assert port["losses"][-1] < port["losses"][0]
+
+
 def test_port_mode_mappings_in_process(tmp_path):
     code = """
         import json, torch

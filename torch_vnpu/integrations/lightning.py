@@ -8,14 +8,25 @@ version is left alone with one warning. What it does, for both the Trainer and F
 1. registers ``VNPUAccelerator`` as ``"vnpu"`` in Lightning's accelerator registry, so ``accelerator="vnpu"``
    and ``devices=N`` / ``devices=[i, j]`` / ``devices="0,1"`` / ``devices=-1`` work (like ``CUDAAccelerator``);
 2. ``accelerator="auto"`` (the default) picks ``"vnpu"`` where Lightning would end in ``"cpu"``;
-   ``devices="auto"`` is one vnpu device (all vnpu devices share the host CPU; ask for more with ``devices=N``);
+   ``devices="auto"`` is every visible vnpu device (``torch.vnpu.device_count()``, set by ``VNPU_DEVICE_COUNT`` /
+   ``VNPU_VISIBLE_DEVICES``), one in an interactive session: what Lightning does for CUDA GPUs;
 3. one device: Lightning's connectors only put a single-device run on the device for CUDA/MPS and otherwise
    on the CPU: for vnpu the ``SingleDeviceStrategy`` gets ``vnpu:<i>``;
 4. ``precision="16-mixed"`` / ``"bf16-mixed"``: Lightning makes ``MixedPrecision(device="cuda")`` for any
    accelerator but cpu/mps (autocast and GradScaler disabled without CUDA): for vnpu it is
-   ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16).
+   ``MixedPrecision(device="vnpu")`` (``torch.autocast("vnpu")``, ``torch.amp.GradScaler("vnpu")`` for fp16);
+   with FSDP, an ``FSDPPrecision`` whose forward autocasts vnpu and whose fp16 scaler is a vnpu
+   ``ShardedGradScaler``;
+5. ``strategy="ddp"`` (several devices): Lightning builds ``DistributedDataParallel`` inside
+   ``torch.cuda.stream(torch.cuda.Stream())`` whenever it has device ids, which raises without CUDA: for vnpu
+   the side stream is a vnpu stream, and the current stream waits for it afterwards (DDP's initial broadcast
+   of the parameters ran there);
+6. ``strategy="fsdp"``: Lightning refuses it for any accelerator flag but ``"cuda"``/``"gpu"`` (a check of the
+   flag only): accepted for vnpu (torch's FSDP runs on the root device); with ``precision="*-mixed"`` its
+   ``FSDPPrecision`` (autocast ``"cuda"``, a CUDA ``ShardedGradScaler``) is replaced by one on vnpu (patch 4).
 
-Several devices use Lightning's ``"ddp"`` strategies; the process-group backend Lightning picks from
+Several devices use Lightning's ``"ddp"``/``"fsdp"`` strategies and its launcher (the script is started once
+more per extra device); the process-group backend Lightning picks from
 ``torch.distributed.Backend.default_device_backend_map`` is vccl for vnpu.
 """
 
@@ -24,6 +35,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 import warnings
 
 import torch
@@ -111,7 +123,8 @@ def _make_accelerator(base: type, error: type[Exception], trainer: bool) -> type
 
         @staticmethod
         def auto_device_count() -> int:
-            return 1  # every vnpu device shares the host CPU: more processes do not train faster
+            """Every visible vnpu device, as ``CUDAAccelerator`` counts every visible GPU."""
+            return torch.vnpu.device_count()
 
         @staticmethod
         def is_available() -> bool:
@@ -139,7 +152,32 @@ def _is_vnpu(flag) -> bool:
     return flag == _DEVICE or isinstance(flag, tuple(_accelerator_classes))
 
 
-def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool) -> None:
+def _make_fsdp_precision(base: type) -> type:
+    """Lightning's ``FSDPPrecision`` autocasting vnpu (its own autocasts ``"cuda"``), with a vnpu
+    ``ShardedGradScaler`` for ``"16-mixed"`` (its own is a CUDA one)."""
+
+    class VNPUFSDPPrecision(base):
+        def __init__(self, precision, scaler=None) -> None:
+            if scaler is None and precision == "16-mixed":
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                scaler = ShardedGradScaler(device=_DEVICE)
+                # Lightning 2.6 checks the scaler against self.precision before setting it (the class default
+                # "32-true"), refusing any scaler given for "16-mixed".
+                self.precision = precision
+            super().__init__(precision, scaler)
+
+        def forward_context(self):
+            if "mixed" in self.precision:
+                return torch.autocast(_DEVICE, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+            return super().forward_context()
+
+    VNPUFSDPPrecision.__module__ = __name__
+    return VNPUFSDPPrecision
+
+
+def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool,
+                     fsdp_precision: type) -> None:
     # 2. accelerator="auto": the connector's own choice ends in "cpu" for anything but TPU/MPS/CUDA.
     orig_auto = cls.__dict__["_choose_auto_accelerator"]
 
@@ -167,8 +205,10 @@ def _patch_connector(cls: type, strategies, mixed_precision: type, precision_bas
 
     _set(cls, "_choose_strategy", _choose_strategy, "3, single device -> vnpu:<i>")
 
-    # 4. Mixed precision: MixedPrecision(device="cuda") for any accelerator but cpu/mps.
+    # 4. Mixed precision: MixedPrecision(device="cuda") for any accelerator but cpu/mps; FSDPPrecision autocasts
+    # "cuda" and scales with a CUDA ShardedGradScaler.
     orig_precision = cls.__dict__["_check_and_init_precision"]
+    vnpu_fsdp_precision = _make_fsdp_precision(fsdp_precision)
     flag_name, instance_name = ("_precision_flag", "_precision_plugin_flag") if trainer else (
         "_precision_input", "_precision_instance")
 
@@ -184,9 +224,87 @@ def _patch_connector(cls: type, strategies, mixed_precision: type, precision_bas
             if trainer:
                 self._validate_precision_choice()
             return mixed_precision(precision, _DEVICE)
+        if (
+            _is_vnpu(self._accelerator_flag)
+            and precision in ("16-mixed", "bf16-mixed")
+            and not isinstance(getattr(self, instance_name), precision_base)
+            and isinstance(self.strategy, strategies.FSDPStrategy)
+        ):
+            if trainer:
+                self._validate_precision_choice()
+            return vnpu_fsdp_precision(precision)
         return orig_precision(self)
 
     _set(cls, "_check_and_init_precision", _check_and_init_precision, "4, MixedPrecision(device='vnpu')")
+
+    # 2. devices="auto" in an interactive session: Lightning uses one of several CUDA GPUs there (its "ddp_fork"
+    # would fork a process that already initialized the device); the same for vnpu.
+    orig_auto_devices = cls.__dict__["_set_devices_flag_if_auto_passed"]
+    connector_module = sys.modules[cls.__module__]
+
+    @functools.wraps(orig_auto_devices)
+    def _set_devices_flag_if_auto_passed(self) -> None:
+        if (
+            self._devices_flag == "auto"
+            and isinstance(self.accelerator, tuple(_accelerator_classes))
+            and getattr(connector_module, "_IS_INTERACTIVE", False)
+            and self.accelerator.auto_device_count() > 1
+        ):
+            self._devices_flag = 1
+            connector_module.rank_zero_info(
+                f"{'Trainer' if trainer else 'Fabric'} will use only 1 of {self.accelerator.auto_device_count()} "
+                f"vnpu devices because it is running inside an interactive / notebook environment (as for CUDA "
+                "GPUs). Pass devices=N and run the code as a script to use more."
+            )
+            return
+        orig_auto_devices(self)
+
+    _set(cls, "_set_devices_flag_if_auto_passed", _set_devices_flag_if_auto_passed, "2, devices='auto' interactive")
+
+
+def _patch_fsdp_check(cls: type, strategies) -> None:
+    # 6. strategy="fsdp": Lightning accepts it only with accelerator="cuda"/"gpu" (a check on the flag alone; the
+    # strategy itself runs torch's FSDP on the root device, which vnpu supports).
+    orig = cls.__dict__["_check_strategy_and_fallback"]
+    fsdp_cls = strategies.FSDPStrategy
+    names = fsdp_cls.get_registered_strategies() if hasattr(fsdp_cls, "get_registered_strategies") else \
+        sys.modules[fsdp_cls.__module__]._FSDP_ALIASES  # Trainer / Fabric
+
+    @functools.wraps(orig)
+    def _check_strategy_and_fallback(self) -> None:
+        flag = self._strategy_flag
+        fsdp = (isinstance(flag, str) and flag in names) or type(flag) is fsdp_cls
+        if not (fsdp and _is_vnpu(self._accelerator_flag)):
+            return orig(self)
+        accelerator = self._accelerator_flag
+        self._accelerator_flag = "cuda"  # read by the checks only; restored before anything else uses it
+        try:
+            return orig(self)
+        finally:
+            self._accelerator_flag = accelerator
+
+    _set(cls, "_check_strategy_and_fallback", _check_strategy_and_fallback, "6, fsdp accepted on vnpu")
+
+
+def _patch_ddp(ddp: type, method: str, device_ids: str) -> None:
+    # 5. DDP's constructor on a side stream: Lightning's is torch.cuda.Stream().
+    from torch.nn.parallel import DistributedDataParallel
+
+    orig = ddp.__dict__[method]
+
+    @functools.wraps(orig)
+    def setup(self, module):
+        if self.root_device.type != _DEVICE:
+            return orig(self, module)
+        ids = getattr(self, device_ids)()
+        side = torch.vnpu.Stream(self.root_device)
+        with torch.vnpu.stream(side):
+            wrapped = DistributedDataParallel(module=module, device_ids=ids, **self._ddp_kwargs)
+        # The parameters were broadcast on the side stream; training runs on the current one.
+        torch.vnpu.current_stream(self.root_device).wait_stream(side)
+        return wrapped
+
+    _set(ddp, method, setup, "5, DDP wrapped on a vnpu side stream")
 
 
 def _patch_fabric(fabric: str) -> None:
@@ -197,7 +315,10 @@ def _patch_fabric(fabric: str) -> None:
     acc = _make_accelerator(accelerators.Accelerator, ValueError, trainer=False)
     _accelerator_classes.append(acc)
     _register(accelerators.ACCELERATOR_REGISTRY, acc)
-    _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False)
+    _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False,
+                     fsdp_precision=precision.FSDPPrecision)
+    _patch_ddp(strategies.DDPStrategy, "setup_module", "_determine_ddp_device_ids")
+    _patch_fsdp_check(connector._Connector, strategies)
 
 
 def _patch_trainer(pl: str) -> None:
@@ -210,7 +331,9 @@ def _patch_trainer(pl: str) -> None:
     _accelerator_classes.append(acc)
     _register(accelerators.AcceleratorRegistry, acc)
     _patch_connector(connector._AcceleratorConnector, strategies, precision.MixedPrecision, precision.Precision,
-                     trainer=True)
+                     trainer=True, fsdp_precision=precision.FSDPPrecision)
+    _patch_ddp(strategies.DDPStrategy, "_setup_model", "determine_ddp_device_ids")
+    _patch_fsdp_check(connector._AcceleratorConnector, strategies)
 
 
 def _register(registry, acc: type) -> None:
