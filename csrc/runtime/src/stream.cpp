@@ -22,6 +22,7 @@ void run_worker(vnpuStream_st* s) {
   std::snprintf(name, sizeof(name), "vnpu%d-s%p", s->device, static_cast<void*>(s));
   pthread_setname_np(pthread_self(), name);
   current_device() = s->device;
+  if (san::on()) san::grant_worker();  // Note [Protection keys] (host_access.cpp)
   bool ran_since_idle = false;
   for (;;) {
     vnpuStream_st::Task task;
@@ -268,6 +269,9 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
                              "it ends");
   }
   if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
+  if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(s, "vnpuStreamSynchronize"); e != vnpuSuccess) return e;
+  }
   return take_device_error(s->device);
 }
 
@@ -293,6 +297,7 @@ vnpuError_t vnpuLaunchKernelWithAccesses(vnpuStream_t stream, const char* name, 
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_task(s, name, accesses, count); e != vnpuSuccess) return e;
   }
   return finish_submission(s, s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel)));
