@@ -65,6 +65,19 @@ def bug_write() -> dict:
     }
 
 
+def bug_cpu_tensor_over_device_memory() -> dict:
+    """A CPU tensor over a vnpu pointer (torch.frombuffer of a ctypes buffer, like torch.from_blob in C++), read
+    by a CPU op: ATen's parallel kernels read on several host threads at once."""
+    n = 1 << 20
+    x = torch.ones(n, device="vnpu")
+    torch.vnpu.synchronize()
+    alias = torch.frombuffer((ctypes.c_float * n).from_address(x.data_ptr()), dtype=torch.float32)
+    total = float(alias.sum())  # the read
+    error, message = _error_of(lambda: x * 3)
+    return {"total": total, "error": error, "message": message,
+            "x_unchanged": torch.equal(x.cpu(), torch.ones(n))}
+
+
 def fixed_read() -> dict:
     x = torch.arange(N, dtype=torch.float32, device="vnpu") * 2
     seen = x.cpu().numpy()  # the fix: copy to the host first
@@ -78,6 +91,7 @@ def violations() -> dict:
     out["read"] = bug_read()
     out["read_again"] = bug_read()  # reported again: the report gave the memory its protection back
     out["write"] = bug_write()
+    out["cpu_tensor"] = bug_cpu_tensor_over_device_memory()
     out["fixed"] = fixed_read()
     return out
 

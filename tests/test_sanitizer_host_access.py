@@ -74,6 +74,15 @@ def test_host_write_through_data_ptr(violations):
     assert r["written"] == 5.0 and r["rest_zero"] and r["other_unchanged"], r
 
 
+def test_cpu_tensor_over_device_memory(violations):
+    unsanitized()
+    r = cases.bug_cpu_tensor_over_device_memory()
+    assert r["total"] == float(1 << 20) and r["error"] is None, r
+    r = violations["cpu_tensor"]  # read by a parallel CPU kernel, on several host threads
+    assert r["error"] == "HostAccessError" and "host code read" in r["message"], r
+    assert r["total"] == float(1 << 20) and r["x_unchanged"], r
+
+
 def test_copy_to_host_first_is_clean(violations):
     r = violations["fixed"]
     assert r["error"] is None and r["read_right_bytes"], r
