@@ -349,6 +349,19 @@ class DeviceCachingAllocator {
     free(it->second, context);
   }
 
+  bool block_containing(const void* ptr, void** base, size_t* size) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    const char* p = static_cast<const char*>(ptr);
+    for (const auto& [start, b] : active_) {  // rare (sanitizer reports): a scan is fine
+      if (p >= b->ptr && p < b->ptr + b->size) {
+        *base = b->ptr;
+        *size = b->size;
+        return true;
+      }
+    }
+    return false;
+  }
+
   Context sanitizer_context(const void* ptr) {
     std::lock_guard<std::recursive_mutex> g(mu_);
     auto it = active_.find(const_cast<void*>(ptr));
@@ -1134,6 +1147,11 @@ void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder)
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr) {
   if (device < 0 || device >= device_count()) return nullptr;
   return device_allocator(device).sanitizer_context(ptr);
+}
+
+bool blockContaining(DeviceIndex device, const void* ptr, void** base, size_t* size) {
+  if (device < 0 || device >= device_count()) return false;
+  return device_allocator(device).block_containing(ptr, base, size);
 }
 
 void attachOutOfMemoryObserver(OutOfMemoryObserver observer) {

@@ -77,5 +77,8 @@ void attachOutOfMemoryObserver(OutOfMemoryObserver observer);
 void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder);
 // The sanitizer context of the live block starting at `ptr` on `device`, or null.
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr);
+// The live block of `device` that contains `ptr` (anywhere inside it): its start and size in bytes.
+// False if no live block holds it (cached free memory, or not this allocator's).
+bool blockContaining(DeviceIndex device, const void* ptr, void** base, size_t* size);
 
 }  // namespace c10::vnpu::allocator

@@ -26,6 +26,7 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
   switch (err) {
     case vnpuErrorStreamRace:
     case vnpuErrorUseAfterFree:
+    case vnpuErrorHostAccess:
       if (SanitizerRaiser raise = g_sanitizer_raiser.load()) raise(err, nullptr);
       TORCH_CHECK(false, "vNPU error: ", vnpuGetErrorString(err), where);
     case vnpuErrorInterrupted:

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/thread_name.h>
+#include <vnpu/runtime.h>
 
 namespace c10d::vnpu {
 namespace {
@@ -72,6 +73,9 @@ void ProgressEngine::shutdown(const std::string& reason) {
 
 void ProgressEngine::loop() {
   c10::setThreadName("vccl-progress");
+  // The transports copy and reduce device memory on this thread (and on threads it starts): it is
+  // device work for VNPU_SANITIZE check 4 (Note [Protection keys] in the runtime). No-op otherwise.
+  vnpuSanitizerDeviceAccessBegin();
   for (;;) {
     OpPtr op;
     {

@@ -1203,7 +1203,10 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
     declare_accesses(acc, info, schema, slots, dev, /*outs=*/false);
     sanitizer::host_access(info.name.c_str(), acc);
   }
-  op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  {
+    sanitizer::HostKernelGuard device_access;  // See Note [Synchronous kernels under check 4]
+    op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &s);
+  }
 
   for (auto& m : mutated) {
     const bool moved = m.cpu.storage().data() != m.device_base;  // grown into host memory, or set_ elsewhere

@@ -31,6 +31,7 @@
 #include "WorkerWarnings.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUStream.h"
+#include "../sanitizer/Sanitizer.h"
 
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseCsrTensorUtils.h>
@@ -325,6 +326,8 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
   op_counter(op).fetch_add(1, std::memory_order_relaxed);
   c10::vnpu::getCurrentVNPUStream(dev).synchronize();
   flush_worker_warnings();  // Note [Worker warnings]: the stream has run up to here
+  // The CPU kernels read and write device memory on this thread: See Note [Synchronous kernels under check 4].
+  sanitizer::HostKernelGuard device_access;
 
   SparseCall call(dev);
   Stack s;

@@ -118,6 +118,19 @@ PYBIND11_MODULE(_C, m) {
   // VNPU_SANITIZE (torch_vnpu/sanitizer): False once the runtime was initialized without it.
   m.def("_sanitizer_enable", [] { return vnpuSanitizerEnable() == vnpuSuccess; });
   m.def("_sanitizer_is_enabled", [] { return vnpuSanitizerIsEnabled() != 0; });
+  // Check 4 (host access to device memory): (on, why not).
+  m.def("_sanitizer_host_access_check", [] {
+    const char* why = nullptr;
+    const bool on = vnpuSanitizerHostAccessCheckEnabled(&why) != 0;
+    return py::make_tuple(on, std::string(why != nullptr ? why : ""));
+  });
+  // The calling thread may touch device memory until _sanitizer_device_access(False) (threads it
+  // creates meanwhile keep the access): for code that hands device memory to host threads on purpose.
+  m.def("_sanitizer_device_access", [](bool begin) {
+    VNPU_CHECK(begin ? vnpuSanitizerDeviceAccessBegin() : vnpuSanitizerDeviceAccessEnd());
+  });
+  // Raises HostAccessError if host code touched device memory since the last report.
+  m.def("_sanitizer_check_host_access", [] { VNPU_CHECK(vnpuSanitizerCheckHostAccess()); });
   m.def("_configuration_warnings", [] { return std::string(vnpuGetConfigurationWarningString()); });
   m.def("_check_device_index", &c10::vnpu::check_device_index);
   m.def("_current_device", &c10::vnpu::current_device);

@@ -4,6 +4,7 @@
 #include "../core/VNPUCachingAllocator.h"
 #include "../core/VNPUException.h"
 #include "../core/VNPUStream.h"
+#include "../ops/HostOpenMP.h"
 
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
@@ -72,6 +73,15 @@ struct UseAfterFreeError : torch::PyTorchError {
     return t;
   }
 };
+struct HostAccessError : torch::PyTorchError {
+  using PyTorchError::PyTorchError;
+  PyObject* python_type() override {
+    static PyObject* t = python_error_type("HostAccessError");
+    return t;
+  }
+};
+
+thread_local int t_host_kernel_depth = 0;  // HostKernelGuard nesting
 
 std::string stream_name(vnpuStream_t s) {
   if (s == nullptr) return "the host";
@@ -124,7 +134,51 @@ std::string dtype_name(c10::ScalarType t) {
 // One paragraph each: what the refused op does to which tensor, what the
 // earlier unordered access was, then the tensor's allocation site, then the
 // fix. Python stacks are symbolized only here (gathered cheaply at allocation).
+// The allocation site of the live block starting at `base`, as " by 'op' at:\n<stack>" (or "").
+std::string allocation_site(int device, const void* base) {
+  auto ctx = c10::vnpu::allocator::sanitizerContext(static_cast<c10::DeviceIndex>(device), base);
+  auto* site = dynamic_cast<AllocationSite*>(ctx.get());
+  if (site == nullptr) return "";
+  const std::string stack = format_stack(site->stack);
+  return (site->op.empty() ? std::string() : " by '" + site->op + "'") +
+         (stack.empty() ? std::string(".") : " at:\n" + stack);
+}
+
+// Check 4: host code touched device memory (Note [Protection keys], runtime host_access.cpp).
+std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
+  std::ostringstream m;
+  vnpuPointerAttributes attr{};
+  vnpuPointerGetAttributes(&attr, r.ptr);
+  const int dev = attr.device >= 0 ? attr.device : 0;
+  m << "vNPU sanitizer: host access to device memory: host code " << (r.write ? "wrote" : "read") << " vnpu:" << dev
+    << " memory directly at " << r.ptr << ", on thread " << r.host_thread;
+  if (r.host_thread_name[0] != '\0') m << " ('" << r.host_thread_name << "')";
+  void* base = nullptr;
+  size_t size = 0;
+  std::string site;
+  if (c10::vnpu::allocator::blockContaining(static_cast<c10::DeviceIndex>(dev), r.ptr, &base, &size)) {
+    m << ", inside the tensor memory of " << size << " bytes at " << base << " (byte offset "
+      << (static_cast<const char*>(r.ptr) - static_cast<const char*>(base)) << ")";
+    site = allocation_site(dev, base);
+  } else {
+    m << ", in device memory that no live tensor owns (the caching allocator's cache)";
+  }
+  m << ". On a real accelerator device memory is not host memory: host code that dereferences a vnpu data_ptr() "
+       "(ctypes, numpy over the pointer, torch.from_blob on the CPU, a C extension) crashes or reads garbage there.";
+  while (!site.empty() && site.back() == '\n') site.pop_back();
+  if (!site.empty()) m << "\nThe tensor was allocated" << site;
+  const char* name = op != nullptr ? op : r.name.c_str();
+  m << "\nThe access was carried out (" << r.host_pages << " page" << (r.host_pages == 1 ? "" : "s")
+    << " of device memory touched by host code since the last report) and is reported at the next vnpu call: '"
+    << name << "'" << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string()) << ".";
+  m << "\nFix: copy to the host first (t.cpu(), t.to(\"cpu\"), t.cpu().numpy(), t.tolist()) and write results back "
+       "with t.copy_(cpu_tensor), or use torch operations on the vnpu tensor itself; never hand a vnpu data_ptr() "
+       "to host code.";
+  return m.str();
+}
+
 std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, const vnpuSanitizerReport& r) {
+  if (err == vnpuErrorHostAccess) return describe_host_access(op, r);
   std::ostringstream m;
   const std::string here = stream_name(r.stream), there = stream_name(r.other_stream);
   std::string tensor = "device memory";
@@ -227,13 +281,13 @@ void Accesses::add_raw(const void* ptr, size_t bytes, int device, bool write, st
 
 void launch_checked(vnpuStream_t stream, const char* name, vnpuKernel_t kernel, const Accesses& accesses) {
   const vnpuError_t e = vnpuLaunchKernelWithAccesses(stream, name, std::move(kernel), accesses.data(), accesses.size());
-  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) raise(e, name, &accesses);
+  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree || e == vnpuErrorHostAccess) raise(e, name, &accesses);
   VNPU_CHECK(e);
 }
 
 void host_access(const char* name, const Accesses& accesses) {
   const vnpuError_t e = vnpuSanitizerHostAccess(name, accesses.data(), accesses.size());
-  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) raise(e, name, &accesses);
+  if (e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree || e == vnpuErrorHostAccess) raise(e, name, &accesses);
   VNPU_CHECK(e);
 }
 
@@ -242,7 +296,27 @@ void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
   vnpuSanitizerGetLastReport(&r);
   std::string msg = describe(err, op, accesses, r);
   if (err == vnpuErrorUseAfterFree) throw UseAfterFreeError(std::move(msg));
+  if (err == vnpuErrorHostAccess) throw HostAccessError(std::move(msg));
   throw StreamRaceError(std::move(msg));
+}
+
+bool host_access_check() { return enabled() && vnpuSanitizerHostAccessCheckEnabled(nullptr) != 0; }
+
+HostKernelGuard::HostKernelGuard() {
+  if (!host_access_check()) return;
+  active_ = true;
+  if (t_host_kernel_depth++ == 0) {
+    vnpuSanitizerDeviceAccessBegin();
+    release_host_openmp_pool();  // the kernel's helpers are created with the access
+  }
+}
+
+HostKernelGuard::~HostKernelGuard() {
+  if (!active_) return;
+  if (--t_host_kernel_depth == 0) {
+    release_host_openmp_pool();  // and none keeps it afterwards
+    vnpuSanitizerDeviceAccessEnd();
+  }
 }
 
 CurrentOp::CurrentOp(const char* name) : prev_(t_op) { t_op = name; }

@@ -7,7 +7,9 @@
 // names the op, the tensor (shape, dtype, where it was allocated: the op and
 // the Python stack gathered by the caching allocator), both streams and the
 // fix: torch_vnpu.sanitizer.StreamRaceError / UseAfterFreeError (both
-// RuntimeError subclasses). See docs/sanitizer.md.
+// RuntimeError subclasses). Check 4 (host code touching device memory,
+// recorded by the runtime's fault handler) becomes HostAccessError, naming the
+// address, the block and its allocation site. See docs/sanitizer.md.
 //
 // Threads: Accesses is per call; the allocation-site recorder runs on the
 // allocating thread; raise() may take the GIL to symbolize stacks.
@@ -66,7 +68,7 @@ void launch_checked(vnpuStream_t stream, const char* name, vnpuKernel_t kernel, 
 void host_access(const char* name, const Accesses& accesses);
 
 // Raises the error of the calling thread's last refused runtime call:
-// StreamRaceError or UseAfterFreeError (Python RuntimeError subclasses),
+// StreamRaceError, UseAfterFreeError or HostAccessError (Python RuntimeError subclasses),
 // naming `op`, the tensor of `accesses` the report points at (when given)
 // and the fix.
 [[noreturn]] void raise(vnpuError_t err, const char* op, const Accesses* accesses);
@@ -82,6 +84,29 @@ class CurrentOp {
 
  private:
   const char* prev_;
+};
+
+// Check 4 is on: device memory is tagged and host threads have no access to it.
+bool host_access_check();
+
+// Note [Synchronous kernels under check 4]
+// A kernel run on the calling thread (the executor's synchronous path, sparse
+// ops) touches device memory from a host thread, which check 4 denies. Inside
+// this guard the thread has access (vnpuSanitizerDeviceAccessBegin). Threads
+// inherit access rights when they are created, and libgomp keeps one pool of
+// helper threads per thread that starts a parallel region, so the guard
+// releases the calling thread's OpenMP pool on entry (the kernel's helpers are
+// created with the access) and on exit (none of them keeps it for the host
+// code that follows). No-op unless check 4 is on; nestable.
+class HostKernelGuard {
+ public:
+  HostKernelGuard();
+  ~HostKernelGuard();
+  HostKernelGuard(const HostKernelGuard&) = delete;
+  HostKernelGuard& operator=(const HostKernelGuard&) = delete;
+
+ private:
+  bool active_ = false;
 };
 
 // Installs the allocation-site recorder and VNPU_CHECK's raiser; called once

@@ -63,7 +63,10 @@ VNPU_CHILD_SCENARIO(SanitizerFree) {
   CHILD_CHECK_EQ(vnpuSanitizerFree(p, 4096, a), vnpuSuccess);
   CHILD_CHECK_EQ(Launch(a, p + 10, 4, 0), vnpuErrorUseAfterFree);
   CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);
-  CHILD_CHECK(p[0] != p[0]);  // poisoned in stream order: NaN
+  CHILD_CHECK_EQ(vnpuSanitizerDeviceAccessBegin(), vnpuSuccess);  // the test peeks at device memory (check 4)
+  const float poisoned = p[0];
+  CHILD_CHECK_EQ(vnpuSanitizerDeviceAccessEnd(), vnpuSuccess);
+  CHILD_CHECK(poisoned != poisoned);  // poisoned in stream order: NaN
   CHILD_CHECK_EQ(vnpuSanitizerAlloc(p, 2048), vnpuSuccess);
   CHILD_CHECK_EQ(Launch(a, p + 10, 4, 0), vnpuSuccess);
   CHILD_CHECK_EQ(Launch(a, p + 600, 4, 0), vnpuErrorUseAfterFree);  // beyond the new allocation

@@ -53,7 +53,15 @@ def __getattr__(name: str):
 def _new_gloo(store, rank: int, size: int, timeout: datetime.timedelta):
     from torch.distributed import ProcessGroupGloo
 
-    return ProcessGroupGloo(store, rank, size, timeout)
+    from .. import _C
+
+    # VNPU_SANITIZE check 4: Gloo's threads, started here, read and write device memory for vccl's Gloo
+    # transport; threads inherit access to it from this one (a no-op without the sanitizer).
+    _C._sanitizer_device_access(True)
+    try:
+        return ProcessGroupGloo(store, rank, size, timeout)
+    finally:
+        _C._sanitizer_device_access(False)
 
 
 def _create_vccl(dist_opts, backend_options):

@@ -10,6 +10,9 @@ semantics (same-stream order, events, ``wait_stream``, host synchronization), no
   memory is reused;
 * freed device memory is poisoned in stream order (NaN for floating dtypes, 0xFF bytes otherwise) and an
   access to it before it is handed out again raises :class:`UseAfterFreeError`;
+* device memory is inaccessible to host code (Linux memory protection keys): host code that dereferences a
+  vnpu ``data_ptr()`` (ctypes, numpy over the pointer, a C extension) is recorded by a fault handler and
+  raises :class:`HostAccessError` at the next vnpu call (check 4);
 * hard-coded CUDA reached from the program (``torch.cuda.is_bf16_supported()``, CUDA autocast and GradScaler,
   ``"cuda" in device``...), which silently switches features off on vnpu, is reported once per call site
   (:mod:`torch_vnpu.sanitizer.cuda_calls`, check 5).
@@ -22,12 +25,14 @@ Turn it on with the environment variable ``VNPU_SANITIZE=1`` or :func:`enable` b
 vnpu device. It is off by default; off, it costs one relaxed atomic load per launch.
 """
 
+import warnings
+
 import torch
 
 from .. import _C
 from . import cuda_calls
 
-__all__ = ["StreamRaceError", "UseAfterFreeError", "enable", "is_enabled"]
+__all__ = ["HostAccessError", "StreamRaceError", "UseAfterFreeError", "enable", "is_enabled"]
 
 
 class StreamRaceError(RuntimeError):
@@ -37,6 +42,25 @@ class StreamRaceError(RuntimeError):
 
 class UseAfterFreeError(RuntimeError):
     """An access to device memory the caching allocator took back and has not handed out again."""
+
+
+class HostAccessError(RuntimeError):
+    """Host code read or wrote vnpu device memory directly (through a ``data_ptr()``: ctypes, numpy over the
+    pointer, ``torch.from_blob`` on the CPU, a C extension), which crashes or reads garbage on a real
+    accelerator. The access itself completed (vnpu memory is host memory); this is raised at the next vnpu
+    call (an op, a copy, a synchronize) after it, on any thread. Its message names the address, the tensor
+    memory (size, allocation site) and the thread. Needs memory protection keys (x86 PKU, Linux >= 4.9);
+    ``VNPU_SANITIZE_HOST_ACCESS=0`` turns this check off."""
+
+
+def _warn_if_host_access_check_off() -> None:
+    on, why_not = _C._sanitizer_host_access_check()
+    if not on and why_not:
+        warnings.warn(
+            f"VNPU_SANITIZE: check 4 (host access to device memory) is off: {why_not}. The other checks stay on.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def enable() -> None:
@@ -51,6 +75,7 @@ def enable() -> None:
             "initialized, and earlier work was not tracked). Set VNPU_SANITIZE=1 in the environment, or call "
             "torch.vnpu.sanitizer.enable() at the start of the program."
         )
+    _warn_if_host_access_check_off()
     cuda_calls.install()
 
 
@@ -61,4 +86,5 @@ def is_enabled() -> bool:
 
 def _enable_from_environment() -> None:
     """At ``import torch`` with ``VNPU_SANITIZE=1``: the runtime read the variable itself; check 5 is Python."""
+    _warn_if_host_access_check_off()
     cuda_calls.install()

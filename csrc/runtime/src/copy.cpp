@@ -67,6 +67,7 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                        : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
                        : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
                                                           : "memcpy HtoH";
+    if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_task(s, name, acc, n); e != vnpuSuccess) return e;
   }
   if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
@@ -123,6 +124,7 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   if (san::on()) {
     const vnpuMemAccess acc{dst, count, 1};
+    if (vnpuError_t e = san::report_host_access(s, "memset"); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_task(s, "memset", &acc, 1); e != vnpuSuccess) return e;
   }
   return finish_submission(s, s->submit("memset", [dst, value, count] { std::memset(dst, value, count); }, nullptr,

@@ -137,7 +137,10 @@ std::vector<Device*>* create_devices() {
   g_launch_blocking = parse_flag("VNPU_LAUNCH_BLOCKING", false, &warning);
   if (!warning.empty()) g_config_warnings += warning + "\n";
   warning.clear();
-  if (parse_flag("VNPU_SANITIZE", false, &warning)) san::g_on.store(true);
+  if (parse_flag("VNPU_SANITIZE", false, &warning)) {
+    san::g_on.store(true);
+    san::setup_host_check();  // check 4: See Note [Protection keys] (host_access.cpp)
+  }
   if (!warning.empty()) g_config_warnings += warning + "\n";
   warning.clear();
   g_ipc = parse_flag("VNPU_IPC", true, &warning);
@@ -203,6 +206,7 @@ vnpuError_t initialize() {
   std::lock_guard<std::mutex> g(g_init_mu);
   if (!g_initialized.load()) {
     for (Device* d : list) back_region(d->mem, d->physical);
+    if (san::on()) san::protect_devices();  // Note [Protection keys] (host_access.cpp)
     g_initialized.store(true, std::memory_order_release);
   }
   return vnpuSuccess;
@@ -314,5 +318,8 @@ vnpuError_t vnpuDeviceSynchronize() {
   if (vnpuError_t e = check_device_not_capturing(dev, "vnpuDeviceSynchronize (torch.vnpu.synchronize())"); e != vnpuSuccess)
     return e;
   if (!wait_device_idle(dev, /*interruptible=*/true)) return vnpuErrorInterrupted;
+  if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(nullptr, "vnpuDeviceSynchronize"); e != vnpuSuccess) return e;
+  }
   return take_device_error(dev);
 }

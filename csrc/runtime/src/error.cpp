@@ -72,6 +72,7 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorIllegalState: return "operation not permitted in the stream's current state";
     case vnpuErrorStreamRace: return "sanitizer: access not ordered after a conflicting access of another stream";
     case vnpuErrorUseAfterFree: return "sanitizer: access to freed device memory";
+    case vnpuErrorHostAccess: return "sanitizer: host code accessed device memory directly";
   }
   return "unknown error";
 }

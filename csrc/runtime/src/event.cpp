@@ -115,7 +115,10 @@ vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   if (!wait_interruptible(lk, event->cv, [&] { return event->pending.count(target) == 0; }))
     return vnpuErrorInterrupted;
   lk.unlock();
-  if (san::on()) san::host_waited_event(event);
+  if (san::on()) {
+    san::host_waited_event(event);
+    if (vnpuError_t e = san::report_host_access(nullptr, "vnpuEventSynchronize"); e != vnpuSuccess) return e;
+  }
   return take_device_error(current_device());
 }
 

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -196,7 +197,21 @@ void host_waited_event(vnpuEvent_st* e);
 uint64_t gate_ticket();
 void wait_gate(uint64_t ticket);
 void release_gates();
+void set_report(vnpuSanitizerReport report);  // this thread's vnpuSanitizerGetLastReport
+// Check 4, host access to device memory (host_access.cpp, Note [Protection
+// keys]). host_check_on() is one relaxed load; the rest is called only when on.
+extern std::atomic<int> g_pkey;  // protection key of device memory; -1: check 4 off
+inline bool host_check_on() { return g_pkey.load(std::memory_order_relaxed) >= 0; }
+void setup_host_check();         // when the sanitizer turns on: allocates the key
+void protect(void* p, size_t n); // tags a device memory mapping with the key
+void protect_devices();          // at initialization: tags the linear ranges, installs the fault handler
+void grant_worker();             // on a stream worker's thread: access for good
+// vnpuErrorHostAccess (report set) once per recorded host access, else vnpuSuccess.
+// One relaxed load when nothing was recorded.
+vnpuError_t report_host_access(vnpuStream_st* s, const char* name);
 }  // namespace san
+// Calls f(start, bytes) for every vnpuMemMap mapping (vmm.cpp), under its lock.
+void for_each_mapping(const std::function<void(void*, size_t)>& f);
 
 // Note [Interruptible waits]
 // A host thread blocked in a synchronizing call waits in slices when a

@@ -148,6 +148,8 @@ vnpuError_t refuse(vnpuError_t err, size_t index, const vnpuMemAccess& a, uintpt
 
 }  // namespace
 
+void set_report(vnpuSanitizerReport report) { t_report = std::move(report); }
+
 vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* acc, size_t n) {
   std::lock_guard<std::mutex> g(g_mu);
   const uint32_t k = slot_of(s);
@@ -272,6 +274,7 @@ vnpuError_t vnpuSanitizerEnable() {
   if (san::on()) return vnpuSuccess;
   if (vnpuIsInitialized()) return vnpuErrorNotSupported;
   san::g_on.store(true);
+  san::setup_host_check();
   return vnpuSuccess;
 }
 
@@ -283,6 +286,7 @@ int vnpuSanitizerIsEnabled() {
 vnpuError_t vnpuSanitizerHostAccess(const char* name, const vnpuMemAccess* accesses, size_t count) {
   if (!san::on()) return vnpuSuccess;
   if (count > 0 && accesses == nullptr) return vnpuErrorInvalidValue;
+  if (vnpuError_t e = san::report_host_access(nullptr, name); e != vnpuSuccess) return e;
   return san::begin_task(nullptr, name, accesses, count);
 }
 

@@ -55,6 +55,7 @@ void run_worker(vnpuStream_st* s) {
   std::snprintf(name, sizeof(name), "vnpu%d-s%p", s->device, static_cast<void*>(s));
   pthread_setname_np(pthread_self(), name);
   current_device() = s->device;
+  if (san::on()) san::grant_worker();  // Note [Protection keys] (host_access.cpp)
   bool ran_since_idle = false;
   uint64_t popped = 0;
   const auto spin = worker_spin();
@@ -312,6 +313,9 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
                              "it ends");
   }
   if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
+  if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(s, "vnpuStreamSynchronize"); e != vnpuSuccess) return e;
+  }
   return take_device_error(s->device);
 }
 
@@ -337,6 +341,7 @@ vnpuError_t vnpuLaunchKernelWithAccesses(vnpuStream_t stream, const char* name, 
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
   if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_task(s, name, accesses, count); e != vnpuSuccess) return e;
   }
   return finish_submission(s, s->submit(name == nullptr ? "<kernel>" : name, std::move(kernel)));

@@ -95,6 +95,12 @@ int mapped_device_of(const void* p, void** base, size_t* size) {
   return m->second.handle->device;
 }
 
+void for_each_mapping(const std::function<void(void*, size_t)>& f) {
+  std::lock_guard<std::mutex> g(g_vmm_mu);
+  for (auto& [start, r] : g_reservations)
+    for (auto& [p, m] : r.maps) f(reinterpret_cast<void*>(p), m.size);
+}
+
 }  // namespace vnpu::rt
 
 using namespace vnpu::rt;
@@ -208,6 +214,7 @@ vnpuError_t vnpuMemMap(void* ptr, size_t size, size_t offset, vnpuMemGenericAllo
     done += n;
     skip = 0;
   }
+  if (san::on()) san::protect(ptr, size);  // Note [Protection keys] (host_access.cpp)
   maps[a] = Mapping{size, handle};
   ++handle->refs;
   return vnpuSuccess;

@@ -33,6 +33,8 @@
 //  VNPU_IPC                 0 = device memory not exported to other processes (no vnpuIpc*); default 1
 //  VNPU_SANITIZE            1 = check every declared access for stream races and use after free
 //                           (see "Sanitizer" below); default 0
+//  VNPU_SANITIZE_HOST_ACCESS 0 = under VNPU_SANITIZE, leave device memory accessible to host code
+//                           (no check 4, see "Sanitizer"); default 1
 //
 // Example:
 //   vnpuStream_t s;  vnpuStreamCreate(&s);
@@ -74,6 +76,7 @@ enum vnpuError_t : int {
   vnpuErrorIllegalState = 17,              // e.g. begin capture on a stream already capturing
   vnpuErrorStreamRace = 18,           // sanitizer: an access not ordered after a conflicting one (nothing queued)
   vnpuErrorUseAfterFree = 19,         // sanitizer: an access to freed device memory (nothing queued)
+  vnpuErrorHostAccess = 20,           // sanitizer: host code accessed device memory directly (nothing queued)
 };
 
 enum vnpuMemcpyKind : int {
@@ -426,6 +429,11 @@ struct vnpuSanitizerReport {
   int other_write = 0;
   int freed_since = 0;              // the range was freed (and handed out again) after the earlier access
   vnpuStream_t freed_on = nullptr;  // UseAfterFree: the stream whose free poisoned it
+  // HostAccess: `ptr` is the first address host code touched since the last
+  // report, `write` whether it wrote; `stream`/`name` the call that reports it.
+  uint64_t host_thread = 0;         // Linux tid of the thread that touched it
+  char host_thread_name[16] = {};   // that thread's name (pthread_setname_np)
+  size_t host_pages = 0;            // 4096-byte pages host code touched since the last report (>= 1)
 };
 // Turns checking on for this process. vnpuErrorNotSupported once the runtime
 // is initialized without it (earlier work was not tracked). Idempotent.
@@ -446,5 +454,33 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream);
 // ... hands [ptr, ptr+bytes) out again (the access history is kept: a task of
 // another stream still unordered with the old use is a race for the new one).
 vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes);
+
+// Host access to device memory (check 4; Linux memory protection keys). With
+// the sanitizer on, device memory (the linear range, vnpuMemMap mappings) is
+// tagged with a protection key that host threads have no access to: only
+// stream workers (and threads they start, e.g. OpenMP helpers) and threads
+// between vnpuSanitizerDeviceAccessBegin/End may touch it. A host thread that
+// reads or writes it faults; the runtime's SIGSEGV handler (chained to the
+// previous one for every other fault) records the address, the thread and
+// whether it wrote, lets that access complete (the page stays accessible
+// until the report) and the next vnpuLaunchKernel[WithAccesses],
+// vnpuMemcpy[Async], vnpuMemsetAsync, vnpuSanitizerHostAccess, stream/event/
+// device synchronize or vnpuSanitizerCheckHostAccess on any thread returns
+// vnpuErrorHostAccess once (nothing queued; a synchronize has waited), with
+// vnpuSanitizerGetLastReport describing it. A hardware port, whose device
+// memory is not host-addressable, never reports it and may implement
+// Begin/End as no-ops. Needs pkeys (x86 PKU, Linux >= 4.9): without them, or
+// with VNPU_SANITIZE_HOST_ACCESS=0, check 4 is off and the other checks stay on.
+// 1 if check 4 is active; *reason (may be null) says why not when the
+// sanitizer is on but check 4 could not be ("" otherwise).
+int vnpuSanitizerHostAccessCheckEnabled(const char** reason);
+// The calling thread does device work on the host (a synchronous kernel, a
+// transport thread): it may touch device memory until the matching End.
+// Nestable; threads it creates meanwhile inherit the access. No-op when off.
+vnpuError_t vnpuSanitizerDeviceAccessBegin();
+vnpuError_t vnpuSanitizerDeviceAccessEnd();
+// vnpuErrorHostAccess (and the report) if host code touched device memory
+// since the last report, else vnpuSuccess.
+vnpuError_t vnpuSanitizerCheckHostAccess();
 
 }  // extern "C++"
