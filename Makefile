@@ -41,7 +41,8 @@ test-runtime: deps
 test-python: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m "not slow" .
 
-# The long end-to-end cases marked `slow` (compiles with a cold cache, multi-process launches), ~N min.
+# The long end-to-end cases marked `slow` (9: the GPT and gpt2 compiled, the FSDP/TP and extra HF and
+# Lightning multi-process launches), ~8 min quiet, ~15 min under load; not part of `make test`.
 test-slow: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m slow .
 

@@ -281,6 +281,7 @@ def test_grad_scaler_with_compiled_float16_model():
 # The GPT example
 
 
+@pytest.mark.slow
 def test_gpt_compiled_training_matches_eager():
     """examples/train_gpt.py's GPT (one layer), model and AdamW step compiled, vs eager CPU: the gradients of
     the first step, and the losses of three steps."""

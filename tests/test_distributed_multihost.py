@@ -47,7 +47,7 @@ def reference(tmp_path_factory):
                                "--quiet"])
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_hosts_train_like_one_process(mode, hosts, reference, tmp_path):
     port = free_port()
     procs = []

@@ -18,6 +18,7 @@ hf_coverage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_coverage)
 
 
+@pytest.mark.slow
 def test_gpt2_compiled_on_vnpu_matches_eager_cpu():
     import torch
 

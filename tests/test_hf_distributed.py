@@ -81,7 +81,9 @@ def _launch(launcher: str, launcher_args: list, job_args: list, out) -> subproce
     return proc
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# The default run keeps one DDP and one FSDP2 launch; the others are `make test-slow`.
+@pytest.mark.parametrize("case", [c if c in ("trainer-ddp", "accelerate-fsdp2") else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES])
 def test_two_ranks_match_one_process(case, tmp_path, tmp_path_factory):
     launcher, launcher_args, job_args, distributed_type = CASES[case]
     ref, ref_params, initial = _reference(job_args, tmp_path_factory)

@@ -122,6 +122,7 @@ def _launch(out, *args, timeout: float = 300) -> str:
     return stdout
 
 
+@pytest.mark.slow
 def test_two_processes_ddp_and_fsdp_match_one_process(tmp_path):
     """Trainer(devices=2, strategy="ddp" / "fsdp", also with precision="bf16-mixed") and Fabric(devices=2,
     strategy="ddp" / FSDP) on vnpu:0 and vnpu:1,

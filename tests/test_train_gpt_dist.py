@@ -36,7 +36,8 @@ def _torchrun(mode, out):
     return proc
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp", "tp"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow),
+                                  pytest.param("tp", marks=pytest.mark.slow)])
 def test_distributed_training_matches_one_process(mode, reference, tmp_path):
     proc = _torchrun(mode, tmp_path)
     assert f"[{mode} x2] done" in proc.stdout
