@@ -4,9 +4,12 @@
 
 Static (``ast``; nothing is imported or run). Reports: ``"cuda"``/``"cuda:i"`` string constants (device
 arguments, ``torch.device("cuda")``, comparisons such as ``'cuda' in device``), ``.cuda()`` calls,
-``torch.cuda.*`` uses (including ``torch.cuda.amp.autocast`` / ``GradScaler``), ``.is_cuda``, and
-``torch.backends.cudnn`` / ``torch.backends.cuda`` settings (harmless elsewhere: noted, not needed). Exit status 0: nothing found; 1: findings; 2: a file could
-not be read or parsed.
+``torch.cuda.*`` uses (including ``torch.cuda.amp.autocast`` / ``GradScaler``), ``.is_cuda``,
+``torch.backends.cudnn`` / ``torch.backends.cuda`` settings (harmless elsewhere: noted, not needed), and
+Lightning's ``accelerator="gpu"`` / ``"cuda"``. Names are resolved through the module's imports (``import torch.cuda
+as tc``, ``from torch import cuda``, ``from torch.cuda.amp import GradScaler``): the import and each use are
+reported. Exit status 0: nothing found; 1: findings; 2: a file could not be read or parsed (its error on stderr;
+no "nothing to change" summary).
 """
 
 from __future__ import annotations
