@@ -71,3 +71,18 @@ def test_import_torch_with_a_build_for_another_torch_names_both_versions(tmp_pat
     assert lines[-1].startswith("RuntimeError: Failed to load the backend extension: torch_vnpu.")
     proc = _python("import torch; print(torch.ones(1).device)", str(tmp_path), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert proc.returncode == 0 and proc.stdout.strip() == "cpu", proc.stderr[-2000:]
+
+
+def test_import_torch_inside_the_source_package():
+    # Python started in torch_vnpu/ puts that directory first on sys.path: a module there named like a standard
+    # library one (it was multiprocessing.py) would replace it for every import, torch's own included.
+    src = os.path.join(ROOT, "torch_vnpu")
+    names = {n[:-3] if n.endswith(".py") else n for n in os.listdir(src) if n != "__pycache__"}
+    assert not names & sys.stdlib_module_names, names & sys.stdlib_module_names
+    proc = _python("import torch, multiprocessing, torch_vnpu\n"
+                   "print(multiprocessing.__file__, torch_vnpu.__file__, torch.ones(2, device='vnpu').device)\n"
+                   "torch.vnpu.ipc_collect()", src)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mp_file, init, device = proc.stdout.split()
+    assert not mp_file.startswith(src) and os.path.dirname(mp_file) == os.path.dirname(os.__file__) + "/multiprocessing"
+    assert os.path.dirname(init) == os.path.dirname(torch_vnpu.__file__) and device == "vnpu:0"

@@ -215,3 +215,32 @@ def test_fabric_matches_cpu():
     fabric, _, bf16_losses, dtypes = run(accelerator="vnpu", precision="bf16-mixed")
     assert fabric._precision.device == "vnpu" and dtypes == {torch.bfloat16}
     torch.testing.assert_close(torch.tensor(bf16_losses), torch.tensor(cpu_losses), rtol=3e-2, atol=0)
+
+
+def test_vnpu_accelerator_without_devices_says_not_available(tmp_path):
+    # No vnpu device visible: accelerator="vnpu" gets Lightning's own "not available" error, worded as the one it
+    # gives for accelerator="cuda" without a GPU (the oracle, asked in the same process); "auto" trains on the CPU.
+    code = """
+import lightning as L
+for kind in ("Trainer", "Fabric"):
+    for acc in ("cuda", "vnpu"):
+        try:
+            getattr(L, kind)(accelerator=acc, devices=1)
+        except Exception as e:
+            print(f"{kind} {acc} {type(e).__name__}: {e}")
+print("auto", L.Trainer(devices=1, logger=False).strategy.root_device, L.Fabric(devices=1).device)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, VNPU_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    *errors, auto = proc.stdout.strip().splitlines()
+    messages = {}
+    for line in errors:
+        kind, acc, message = line.split(" ", 2)
+        messages[kind, acc] = message
+    for kind in ("Trainer", "Fabric"):
+        cuda, vnpu = messages[kind, "cuda"], messages[kind, "vnpu"]
+        assert "`CUDAAccelerator` can not run on your system since the accelerator is not available" in cuda
+        assert vnpu == cuda.replace("CUDAAccelerator", "VNPUAccelerator"), (cuda, vnpu)
+        assert "invalid accelerator name" not in vnpu
+    assert auto == "auto cpu cpu"

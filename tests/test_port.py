@@ -177,3 +177,71 @@ def test_check_lists_cuda_calls_with_replacements(tmp_path):
     assert check.check_source("device = torch.accelerator.current_accelerator()\n") == []
     proc = _run(["-m", "torch_vnpu.port.check", os.path.join(SCRIPTS, "mnist_cuda.py")], tmp_path, expect_ok=False)
     assert proc.returncode == 1 and "mnist_cuda.py:" in proc.stdout and "hard-coded CUDA use(s) found" in proc.stdout
+
+
+ALIASED = '''\
+import torch
+import torch as th
+import torch.cuda as tc
+from torch import cuda
+from torch.cuda import amp
+from torch.cuda.amp import GradScaler, autocast as cuda_autocast
+import lightning as L
+
+scaler = GradScaler(enabled=True)
+cuda.synchronize()
+tc.manual_seed(0)
+with cuda_autocast(dtype=torch.bfloat16):
+    n = th.cuda.device_count()
+s2 = amp.GradScaler()
+trainer = L.Trainer(accelerator="gpu", devices=1)
+fabric = L.Fabric(accelerator="cuda")
+device = torch.accelerator.current_accelerator()
+'''
+
+
+def test_check_resolves_aliased_imports():
+    findings = check.check_source(ALIASED, "a.py")
+    got = {(f.line, f.code): f.replacement for f in findings}
+    assert set(got) == {
+        (3, "import torch.cuda as tc"), (4, "from torch import cuda"), (5, "from torch.cuda import amp"),
+        (6, "from torch.cuda.amp import GradScaler, autocast as cuda_autocast"),
+        (9, "GradScaler"), (10, "cuda.synchronize"), (11, "tc.manual_seed"), (12, "cuda_autocast"),
+        (13, "th.cuda.device_count"), (14, "amp.GradScaler"), (15, '"gpu"'), (16, '"cuda"'),
+    }, "\n".join(map(str, findings))
+    assert got[9, "GradScaler"] == got[14, "amp.GradScaler"] == "torch.amp.GradScaler(device.type)"
+    assert got[10, "cuda.synchronize"] == "torch.accelerator.synchronize()"
+    assert got[11, "tc.manual_seed"].startswith("torch.manual_seed(seed)")
+    assert got[12, "cuda_autocast"] == "torch.autocast(device.type, dtype=...)"
+    assert got[13, "th.cuda.device_count"] == "torch.accelerator.device_count()"
+    assert "cuda_autocast: torch.autocast(device.type" in got[6, "from torch.cuda.amp import GradScaler, autocast as cuda_autocast"]
+    assert got[15, '"gpu"'].startswith("accelerator='auto'") and got[16, '"cuda"'] == got[15, '"gpu"']
+    # Names bound to something else than torch.cuda are left alone.
+    assert check.check_source("from torch.amp import GradScaler\nscaler = GradScaler('vnpu')\n") == []
+    assert check.check_source("import numpy as cuda\ncuda.synchronize()\nL.Trainer(accelerator='cpu')\n") == []
+
+
+def test_check_unparsable_file_reports_only_the_error(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = torch.cuda.synchronize(\n")
+    proc = _run(["-m", "torch_vnpu.port.check", str(bad)], tmp_path, expect_ok=False)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"{bad}:1:") and "cannot check: SyntaxError:" in proc.stderr
+    good = tmp_path / "good.py"
+    good.write_text("import torch\n")
+    proc = _run(["-m", "torch_vnpu.port.check", str(tmp_path)], tmp_path, expect_ok=False)
+    assert proc.returncode == 2 and "nothing to change" not in proc.stdout
+    assert "in the 1 file(s) checked; 1 file(s) could not be checked" in proc.stdout
+
+
+def test_port_run_missing_script_or_module_as_python(tmp_path):
+    missing = tmp_path / "missing.py"
+    python = _run([str(missing)], tmp_path, expect_ok=False)  # the oracle: python's own message and status
+    proc = _run(["-m", "torch_vnpu.port.run", "missing.py"], tmp_path, expect_ok=False)
+    assert proc.returncode == python.returncode == 2
+    assert proc.stderr.strip() == "torch_vnpu.port.run: " + python.stderr.strip().split(": ", 1)[1]
+    assert "Traceback" not in proc.stderr
+    python = _run(["-m", "no_such_module_xyz"], tmp_path, expect_ok=False)
+    proc = _run(["-m", "torch_vnpu.port.run", "-m", "no_such_module_xyz"], tmp_path, expect_ok=False)
+    assert proc.returncode == python.returncode == 1
+    assert proc.stderr.strip() == "torch_vnpu.port.run: " + python.stderr.strip().split(": ", 1)[1]

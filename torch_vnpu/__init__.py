@@ -94,9 +94,10 @@ def _register() -> None:
     from . import distributed
 
     distributed._register()
-    from . import multiprocessing
+    # Not "multiprocessing.py": Python started inside torch_vnpu/ would import it as the stdlib's multiprocessing.
+    from . import _multiprocessing_reductions
 
-    multiprocessing._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
+    _multiprocessing_reductions._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)

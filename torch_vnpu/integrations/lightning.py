@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import sys
 import warnings
@@ -67,7 +68,13 @@ def _set(owner: object, name: str, value: object, why: str) -> None:
     had = name in vars(owner)
     _patches.append((owner, name, vars(owner)[name] if had else getattr(owner, name, None), had))
     setattr(owner, name, value)
-    logger.debug("lightning adapter: patched %s.%s.%s: %s", owner.__module__, owner.__qualname__, name, why)
+    logger.debug("lightning adapter: patched %s.%s: %s", _owner_name(owner), name, why)
+
+
+def _owner_name(owner: object) -> str:
+    if isinstance(owner, type(sys)):
+        return owner.__name__
+    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 def _parse_devices(devices, error: type[Exception]) -> list[int] | None:
@@ -145,6 +152,7 @@ def _make_accelerator(base: type, error: type[Exception], trainer: bool) -> type
                 return torch.vnpu.memory_stats(device)
 
     VNPUAccelerator.__module__ = __name__
+    VNPUAccelerator.__qualname__ = "VNPUAccelerator"  # Lightning names it in "... can not run on your system"
     return VNPUAccelerator
 
 
@@ -176,8 +184,34 @@ def _make_fsdp_precision(base: type) -> type:
     return VNPUFSDPPrecision
 
 
+def _port_mode() -> bool:
+    """CUDA port mode (torch_vnpu.port) is on: Lightning's CUDA choices mean vnpu."""
+    port = sys.modules.get("torch_vnpu.port._cuda")
+    return port is not None and port.is_enabled()
+
+
 def _patch_connector(cls: type, strategies, mixed_precision: type, precision_base: type, trainer: bool,
-                     fsdp_precision: type) -> None:
+                     fsdp_precision: type, cuda_accelerator: type) -> None:
+    # 7. Port mode: accelerator="gpu" / "cuda" (or a CUDAAccelerator) is the vnpu accelerator, as device="cuda"
+    # is vnpu for torch. Outside port mode Lightning's own rules apply ("No supported gpu backend found!").
+    orig_flags = cls.__dict__["_check_config_and_set_final_flags"]
+    signature = inspect.signature(orig_flags)
+
+    @functools.wraps(orig_flags)
+    def _check_config_and_set_final_flags(self, *args, **kwargs):
+        if _port_mode():
+            bound = signature.bind(self, *args, **kwargs)
+            accelerator = bound.arguments.get("accelerator")
+            if (isinstance(accelerator, str) and accelerator.lower() in ("gpu", "cuda")) or (
+                    type(accelerator) is cuda_accelerator):
+                bound.arguments["accelerator"] = _DEVICE
+                logger.debug("lightning adapter: port mode: accelerator=%r -> %r", accelerator, _DEVICE)
+                return orig_flags(*bound.args, **bound.kwargs)
+        return orig_flags(self, *args, **kwargs)
+
+    _set(cls, "_check_config_and_set_final_flags", _check_config_and_set_final_flags,
+         "7, port mode: accelerator='gpu'/'cuda' -> vnpu")
+
     # 2. accelerator="auto": the connector's own choice ends in "cpu" for anything but TPU/MPS/CUDA.
     orig_auto = cls.__dict__["_choose_auto_accelerator"]
 
@@ -307,6 +341,22 @@ def _patch_ddp(ddp: type, method: str, device_ids: str) -> None:
     _set(ddp, method, setup, "5, DDP wrapped on a vnpu side stream")
 
 
+def _patch_launcher(module_name: str) -> None:
+    # 7. Port mode with several devices: Lightning's launcher starts the script again per extra device
+    # (``python script.py args`` / ``python -m module args``); those processes must run in port mode too.
+    launcher = importlib.import_module(module_name)
+    orig = launcher._basic_subprocess_cmd
+
+    @functools.wraps(orig)
+    def _basic_subprocess_cmd():
+        command = list(orig())
+        if _port_mode() and command[1:3] != ["-m", "torch_vnpu.port.run"]:
+            command[1:1] = ["-m", "torch_vnpu.port.run"]
+        return command
+
+    _set(launcher, "_basic_subprocess_cmd", _basic_subprocess_cmd, "7, port mode: ranks started under port.run")
+
+
 def _patch_fabric(fabric: str) -> None:
     accelerators = importlib.import_module(f"{fabric}.accelerators")
     connector = importlib.import_module(f"{fabric}.connector")
@@ -316,8 +366,9 @@ def _patch_fabric(fabric: str) -> None:
     _accelerator_classes.append(acc)
     _register(accelerators.ACCELERATOR_REGISTRY, acc)
     _patch_connector(connector._Connector, strategies, precision.MixedPrecision, precision.Precision, trainer=False,
-                     fsdp_precision=precision.FSDPPrecision)
+                     fsdp_precision=precision.FSDPPrecision, cuda_accelerator=accelerators.CUDAAccelerator)
     _patch_ddp(strategies.DDPStrategy, "setup_module", "_determine_ddp_device_ids")
+    _patch_launcher(f"{fabric}.strategies.launchers.subprocess_script")
     _patch_fsdp_check(connector._Connector, strategies)
 
 
@@ -331,8 +382,9 @@ def _patch_trainer(pl: str) -> None:
     _accelerator_classes.append(acc)
     _register(accelerators.AcceleratorRegistry, acc)
     _patch_connector(connector._AcceleratorConnector, strategies, precision.MixedPrecision, precision.Precision,
-                     trainer=True, fsdp_precision=precision.FSDPPrecision)
+                     trainer=True, fsdp_precision=precision.FSDPPrecision, cuda_accelerator=accelerators.CUDAAccelerator)
     _patch_ddp(strategies.DDPStrategy, "_setup_model", "determine_ddp_device_ids")
+    _patch_launcher(f"{pl}.strategies.launchers.subprocess_script")
     _patch_fsdp_check(connector._AcceleratorConnector, strategies)
 
 
@@ -385,8 +437,11 @@ def _version() -> str:
 def _on_import(module_name: str) -> None:
     """Called by ``torch_vnpu.integrations._autoload`` when a Lightning package finished importing."""
     global _warned
-    if _mode == "off" or not torch.vnpu.is_available():
+    if _mode == "off":
         return
+    # Also with no vnpu device visible: accelerator="vnpu" then gets Lightning's own "`VNPUAccelerator` can not
+    # run on your system since the accelerator is not available" (as CUDAAccelerator without a GPU), and "auto"
+    # keeps choosing the CPU.
     version = _version()
     if version != TESTED_VERSION and not version.startswith(TESTED_VERSION + "."):
         if not _warned:
@@ -434,7 +489,7 @@ def is_enabled() -> bool:
 
 
 def patched_names() -> list[str]:
-    return [f"{o.__module__}.{o.__qualname__}.{n}" for o, n, _, _ in _patches] + [
+    return [f"{_owner_name(o)}.{n}" for o, n, _, _ in _patches] + [
         f"{type(r).__name__}[{n!r}]" for r, n in _registered
     ]
 

@@ -6,8 +6,10 @@ What it changes, process-wide, until :func:`disable`:
   ``device="cuda[:i]"`` / ``torch.device("cuda", i)`` arguments of every torch function and method, and the
   positional device of ``Tensor.to``, into ``vnpu[:i]``. It is pushed in the thread that enables port mode
   (torch function modes are per thread, like ``set_default_device``);
-* ``Tensor.cuda()`` / ``Module.cuda()`` (any thread), ``torch.load(map_location="cuda")``,
-  ``torch.set_default_device("cuda")``;
+* ``Tensor.cuda()`` / ``Module.cuda()`` / ``UntypedStorage.cuda()`` (any thread); ``torch.load`` of a checkpoint
+  saved on CUDA (storages tagged ``"cuda:i"``) restores them on ``vnpu:i`` with any ``map_location`` (none, a
+  string, a device, a dict, a callable), ``weights_only``, ``mmap`` and the legacy format (Note [CUDA
+  checkpoints in port mode]); ``torch.set_default_device("cuda")``;
 * ``torch.autocast("cuda")``, ``torch.amp.autocast("cuda")``, ``torch.cuda.amp.autocast()`` autocast vnpu;
   ``torch.amp.GradScaler("cuda")`` and ``torch.cuda.amp.GradScaler()`` are vnpu GradScalers;
 * ``torch.cuda.<name>`` functions and classes that ``torch.vnpu`` also has (is_available, device_count,
@@ -114,6 +116,44 @@ def _cuda_index(device) -> torch.device:
     return torch.device(map_device(device))
 
 
+# Note [CUDA checkpoints in port mode]
+# torch.load restores each storage through torch.serialization's package registry: the deserializer of the
+# storage's location tag ("cuda:1"), after map_location rewrote it (a dict, a string, a device, or a callable
+# that returned None). CUDA's deserializer (priority 20) checks the real torch.cuda and raises here. Port mode
+# registers one more deserializer ahead of it that restores "cuda[:i]" onto "vnpu[:i]" through vnpu's own
+# (index check included), so every map_location form, weights_only, mmap=True and the legacy format load a
+# GPU checkpoint as they would onto CUDA. It tags nothing (saving is unchanged) and is removed by disable().
+_DESERIALIZER_PRIORITY = 19  # before CUDA's (20); priorities must differ (the registry sorts tuples)
+
+
+def _deserialize_cuda(storage, location: str):
+    if location == "cuda" or location.startswith("cuda:"):
+        import torch.serialization as serialization
+
+        return serialization.default_restore_location(storage, _TARGET + location[4:])
+    return None
+
+
+def _tag_nothing(storage):
+    return None
+
+
+def _register_cuda_deserializer() -> None:
+    import torch.serialization as serialization
+
+    entry = (_DESERIALIZER_PRIORITY, _tag_nothing, _deserialize_cuda)
+    if entry not in serialization._package_registry:
+        serialization.register_package(*entry)
+
+
+def _unregister_cuda_deserializer() -> None:
+    import torch.serialization as serialization
+
+    entry = (_DESERIALIZER_PRIORITY, _tag_nothing, _deserialize_cuda)
+    while entry in serialization._package_registry:
+        serialization._package_registry.remove(entry)
+
+
 def enable() -> torch.device:
     """Switch port mode on (idempotent). Returns ``torch.device("vnpu")``.
 
@@ -164,10 +204,20 @@ def enable() -> torch.device:
 
     _save(torch.Tensor, "cuda", tensor_cuda)
 
+    def storage_cuda(self, device=None, non_blocking=False):
+        """``UntypedStorage.cuda()`` in port mode (``map_location=lambda s, loc: s.cuda()``): a vnpu copy."""
+        target = torch.device(_TARGET, device) if device else torch.device(_TARGET)  # torch's own rule
+        return self.to(device=target, non_blocking=non_blocking)
+
+    _save(torch.storage._StorageBase, "cuda", storage_cuda)  # TypedStorage.cuda calls it
+    _register_cuda_deserializer()
+
     load = torch.load
 
     @functools.wraps(load)
     def port_load(*args, map_location=None, **kwargs):
+        # Storages: the registered deserializer maps any form. A device string also reaches safetensors'
+        # load_file (torch.load of a .safetensors path), which would ask the real CUDA.
         return load(*args, map_location=map_location if callable(map_location) or isinstance(map_location, dict)
                     else map_device(map_location), **kwargs)
 
@@ -192,6 +242,7 @@ def disable() -> None:
     if _mode is not None:
         _mode.__exit__(None, None, None)
         _mode = None
+    _unregister_cuda_deserializer()
     while _saved:
         owner, name, original = _saved.pop()
         setattr(owner, name, original)

@@ -4,9 +4,12 @@
 
 Static (``ast``; nothing is imported or run). Reports: ``"cuda"``/``"cuda:i"`` string constants (device
 arguments, ``torch.device("cuda")``, comparisons such as ``'cuda' in device``), ``.cuda()`` calls,
-``torch.cuda.*`` uses (including ``torch.cuda.amp.autocast`` / ``GradScaler``), ``.is_cuda``, and
-``torch.backends.cudnn`` / ``torch.backends.cuda`` settings (harmless elsewhere: noted, not needed). Exit status 0: nothing found; 1: findings; 2: a file could
-not be read or parsed.
+``torch.cuda.*`` uses (including ``torch.cuda.amp.autocast`` / ``GradScaler``), ``.is_cuda``,
+``torch.backends.cudnn`` / ``torch.backends.cuda`` settings (harmless elsewhere: noted, not needed), and
+Lightning's ``accelerator="gpu"`` / ``"cuda"``. Names are resolved through the module's imports (``import torch.cuda
+as tc``, ``from torch import cuda``, ``from torch.cuda.amp import GradScaler``): the import and each use are
+reported. Exit status 0: nothing found; 1: findings; 2: a file could not be read or parsed (its error on stderr;
+no "nothing to change" summary).
 """
 
 from __future__ import annotations
@@ -79,17 +82,85 @@ def _is_cuda_string(node: ast.AST) -> bool:
     return v == "cuda" or (v.startswith("cuda:") and v[5:].isdigit())
 
 
+_CUDA_MODULES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
+
+
+def _imported_names(tree: ast.AST) -> dict[str, str]:
+    """Local name -> the dotted torch name it is bound to by the module's imports (any scope): ``import torch as
+    th`` -> {"th": "torch"}, ``from torch.cuda.amp import GradScaler`` -> {"GradScaler": "torch.cuda.amp.GradScaler"},
+    ``import torch.cuda as tc`` -> {"tc": "torch.cuda"}. A static approximation: a later rebinding of the name
+    (an assignment, a parameter) is not followed."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and (alias.name == "torch" or alias.name.startswith("torch.")):
+                    names[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "torch" or node.module.startswith("torch."):
+                for alias in node.names:
+                    if alias.name != "*":
+                        names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _cuda_replacement(name: str) -> str | None:
+    """The replacement for a resolved dotted name under torch.cuda / torch.backends.cud*, else None."""
+    if name == "torch.cuda":
+        return "torch.get_device_module(device) (the device's module; or torch.accelerator)"
+    if name == "torch.cuda.amp":
+        return "torch.amp (torch.autocast(device.type), torch.amp.GradScaler(device.type))"
+    if name in ("torch.backends.cudnn", "torch.backends.cuda") or name.startswith(("torch.backends.cudnn.",
+                                                                                  "torch.backends.cuda.")):
+        return "cuDNN/CUDA setting: no effect on other devices (keep or remove)"
+    if name.startswith("torch.cuda."):
+        rest = name[len("torch.cuda."):]
+        replacement = _CUDA_REPLACEMENTS.get(rest)
+        if replacement is None:
+            replacement = _CUDA_REPLACEMENTS.get(rest.split(".")[0], f"torch.get_device_module(device).{rest}")
+        return replacement
+    return None
+
+
+_LIGHTNING_ACCELERATOR = ("accelerator='auto' (Lightning picks the available accelerator: CUDA on a GPU machine, "
+                          "vnpu through torch_vnpu's Lightning adapter)")
+
+
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, path: str, source: str) -> None:
+    def __init__(self, path: str, source: str, imports: dict[str, str]) -> None:
         self.path, self.source, self.findings = path, source, []
+        self.imports = imports
         self._seen: set[int] = set()  # nodes reported as part of a larger finding
 
     def _add(self, node: ast.AST, replacement: str) -> None:
         code = ast.get_source_segment(self.source, node) or ""
+        code = " ".join(code.split())
         code = code if len(code) <= 70 else code[:67] + "..."
         self.findings.append(Finding(self.path, node.lineno, node.col_offset, code, replacement))
         for child in ast.walk(node):
             self._seen.add(id(child))
+
+    def _resolve(self, node: ast.AST) -> str | None:
+        """The dotted name of a Name/Attribute chain, its head resolved through the module's imports."""
+        name = _dotted(node)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        head = self.imports.get(head, head)
+        return f"{head}.{rest}" if rest else head
+
+    def _import(self, node: ast.Import | ast.ImportFrom, full_names: list[tuple[str, str]]) -> None:
+        parts = [f"{local}: {r}" for local, full in full_names
+                 if (r := _cuda_replacement(full)) is not None and full != "torch.backends.cudnn"]
+        if parts:
+            self._add(node, "; ".join(parts))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._import(node, [(a.asname, a.name) for a in node.names if a.asname])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if not node.level and node.module and (node.module == "torch" or node.module.startswith("torch.")):
+            self._import(node, [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names if a.name != "*"])
 
     def visit_Compare(self, node: ast.Compare) -> None:
         if id(node) not in self._seen and any(_is_cuda_string(n) for n in [node.left, *node.comparators]):
@@ -99,32 +170,37 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         if id(node) not in self._seen:
-            func = _dotted(node.func)
+            func = self._resolve(node.func)
             if isinstance(node.func, ast.Attribute) and node.func.attr == "cuda" and func != "torch.cuda":
                 self._add(node, f".to(device) with device = {ACC}")
-            elif func in ("torch.device",) and node.args and _is_cuda_string(node.args[0]):
+            elif func == "torch.device" and node.args and _is_cuda_string(node.args[0]):
                 self._add(node, f"{ACC} (or torch.device(torch.accelerator.current_accelerator().type, i))")
+            for kw in node.keywords:
+                if (kw.arg == "accelerator" and isinstance(kw.value, ast.Constant)
+                        and kw.value.value in ("gpu", "cuda") and id(kw.value) not in self._seen):
+                    self._add(kw.value, _LIGHTNING_ACCELERATOR)
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        name = _dotted(node)
+        name = self._resolve(node)
         if id(node) not in self._seen and name:
-            for prefix in ("torch.cuda.", "torch.backends.cudnn.", "torch.backends.cuda."):
-                if name.startswith(prefix):
-                    rest = name[len(prefix):]
-                    if prefix.startswith("torch.backends."):
-                        self._add(node, "cuDNN/CUDA setting: no effect on other devices (keep or remove)")
-                    else:
-                        replacement = _CUDA_REPLACEMENTS.get(rest)
-                        if replacement is None:
-                            head = rest.split(".")[0]
-                            replacement = _CUDA_REPLACEMENTS.get(head, f"torch.get_device_module(device).{rest}")
-                        self._add(node, replacement)
-                    return
+            replacement = _cuda_replacement(name)
+            if replacement is not None and name not in ("torch.backends.cudnn", "torch.backends.cuda"):
+                self._add(node, replacement)
+                return
             if node.attr == "is_cuda":
                 self._add(node, "x.device.type == device.type (is_cuda is False on any other accelerator)")
                 return
         self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        # A name imported from torch.cuda (``GradScaler(...)`` after ``from torch.cuda.amp import GradScaler``),
+        # or bound to torch.cuda itself, used on its own.
+        full = self.imports.get(node.id)
+        if id(node) not in self._seen and full and isinstance(node.ctx, ast.Load):
+            replacement = _cuda_replacement(full)
+            if replacement is not None:
+                self._add(node, replacement)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if id(node) not in self._seen and _is_cuda_string(node):
@@ -133,8 +209,9 @@ class _Visitor(ast.NodeVisitor):
 
 def check_source(source: str, path: str = "<string>") -> list[Finding]:
     """Findings for one Python source text. Raises ``SyntaxError`` if it does not parse."""
-    visitor = _Visitor(path, source)
-    visitor.visit(ast.parse(source, filename=path))
+    tree = ast.parse(source, filename=path)
+    visitor = _Visitor(path, source, _imported_names(tree))
+    visitor.visit(tree)
     return sorted(visitor.findings, key=lambda f: (f.line, f.col))
 
 
@@ -152,20 +229,32 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    status, count = 0, 0
+    count, checked, failed = 0, 0, 0
     for path in _files(argv):
         try:
             with open(path, encoding="utf-8") as f:
                 findings = check_source(f.read(), path)
-        except (OSError, SyntaxError, UnicodeDecodeError) as e:
-            print(f"{path}: cannot check: {e}", file=sys.stderr)
-            status = 2
+        except SyntaxError as e:
+            where = f"{path}:{e.lineno}:{e.offset}" if e.lineno else path
+            print(f"{where}: cannot check: SyntaxError: {e.msg}", file=sys.stderr)
+            failed += 1
             continue
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"{path}: cannot check: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        checked += 1
         for finding in findings:
             print(finding)
         count += len(findings)
+    if failed:
+        # Never "nothing to change" when a file could not be read: the summary covers only the files checked.
+        if checked:
+            print(f"{count} hard-coded CUDA use(s) found in the {checked} file(s) checked; {failed} file(s) could "
+                  "not be checked")
+        return 2
     print(f"{count} hard-coded CUDA use(s) found" + ("" if count else "; nothing to change"))
-    return status or (1 if count else 0)
+    return 1 if count else 0
 
 
 if __name__ == "__main__":
