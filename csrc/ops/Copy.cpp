@@ -47,7 +47,7 @@ void device_to_device(Tensor& dst, const Tensor& src) {
     ctx.make(ds).copy_(ctx.make(ss));
   };
   sanitizer::Accesses acc;
-  if (!memcpy && sanitizer::enabled()) {
+  if (sanitizer::enabled()) {
     acc.add(dst.storage().data(), dst.storage().nbytes(), dst.sizes(), dst.strides(), dst.storage_offset(),
             dst.scalar_type(), dd, /*write=*/true, "argument 'self' (the destination)");
     acc.add(src.storage().data(), src.storage().nbytes(), src.sizes(), src.strides(), src.storage_offset(),
@@ -55,11 +55,15 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   }
   auto run = [&] {
     if (memcpy) {
-      VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToDevice,
-                                 dst_stream.stream()));
-    } else {
-      launch("aten::copy_", dd, std::move(kernel), &acc);
+      const vnpuError_t e = vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst),
+                                            vnpuMemcpyDeviceToDevice, dst_stream.stream());
+      // vnpuErrorInvalidValue: memory the runtime does not know as device memory; the kernel copies it.
+      if (e != vnpuErrorInvalidValue) {
+        VNPU_CHECK(e);
+        return;
+      }
     }
+    launch("aten::copy_", dd, std::move(kernel), &acc);
   };
   if (dd == sd) {
     run();
