@@ -251,3 +251,94 @@ def test_profile_memory_records_vnpu_allocations_and_frees(tmp_path):
     mem = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "[memory]"]
     vnpu = [e["args"] for e in mem if e["args"].get("Device Type") == int(DeviceType.PrivateUse1)]
     assert [m["Bytes"] for m in vnpu] == [4 << 20, 4 << 20, -(4 << 20), -(4 << 20)]
+
+
+def test_every_devices_tasks_up_to_stop_appear_one_process_per_device(tmp_path):
+    # PyTorch's stop synchronizes the current device only (torch.vnpu.synchronize()); work queued on vnpu:1
+    # while vnpu:0 is current is still running then, and must not be lost.
+    a0 = torch.randn(16, 16, device="vnpu:0")
+    a1 = torch.randn(256, 256, device="vnpu:1")
+    side1 = torch.vnpu.Stream(device="vnpu:1")
+    torch.vnpu.synchronize(0)
+    torch.vnpu.synchronize(1)
+    assert torch.vnpu.current_device() == 0
+    with profile(activities=ACTIVITIES) as prof:
+        b0 = a0.neg()                               # vnpu:0, default stream
+        b1 = a1
+        for _ in range(6):                          # vnpu:1, default stream: still running at stop
+            b1 = b1 @ a1 / 256
+        with torch.vnpu.stream(side1):
+            c1 = a1.sin()                           # vnpu:1, side stream
+    torch.testing.assert_close(b0.cpu(), -a0.cpu())
+    expect = a1.cpu()
+    for _ in range(6):
+        expect = expect @ a1.cpu() / 256
+    torch.testing.assert_close(b1.cpu(), expect, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c1.cpu(), a1.cpu().sin())
+
+    events = _trace(prof, tmp_path)
+    by_lane = {}
+    for e in sorted(_device_events(events), key=lambda e: e["ts"]):
+        by_lane.setdefault((e["pid"], e["tid"]), []).append(e["name"])
+    assert by_lane == {
+        (0, 0): ["aten::neg"],
+        (1, 0): ["aten::mm", "aten::div.Tensor"] * 6,
+        (1, side1.stream_id): ["aten::sin"],
+    }, by_lane
+    meta = {(e["name"], e["pid"], e.get("tid")): e["args"] for e in events if e.get("ph") == "M"}
+    assert meta[("process_name", 0, 0)]["name"] == "vnpu:0"
+    assert meta[("process_name", 1, 0)]["name"] == "vnpu:1"
+    assert meta[("thread_name", 1, 0)]["name"] == "stream 0 (default)"
+    assert meta[("thread_name", 1, side1.stream_id)]["name"] == f"stream {side1.stream_id}"
+    dev = [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert sorted({e.device_index for e in dev}) == [0, 1]
+    assert sum(e.name == "aten::mm" and e.device_index == 1 for e in dev) == 6
+
+
+def _copy_events(tmp_path, fn):
+    """(cat, name, bytes, pid) of each device event `fn` ran, in time order; the event release tasks of peer
+    copies (not device work) left out."""
+    torch.vnpu.synchronize(0)
+    torch.vnpu.synchronize(1)
+    with profile(activities=ACTIVITIES) as prof:
+        out = fn()
+    dev = sorted(_device_events(_trace(prof, tmp_path)), key=lambda e: e["ts"])
+    return out, [(e["cat"], e["name"], e["args"].get("bytes"), e["pid"]) for e in dev if e["name"] != "event release"]
+
+
+def test_copies_are_named_as_cuda_names_them(tmp_path):
+    # CUDA: a copy between tensors of one dtype and dense layout is a memcpy (CUPTI's "Memcpy <kind> (<src> ->
+    # <dst>)" with its bytes); one that converts the dtype or gathers a strided tensor on the device is a kernel.
+    # vnpu converts host data on the host (during aten::copy_), so a converting host-to-device copy is one memcpy
+    # of the converted bytes.
+    host = torch.arange(1024, dtype=torch.float32)
+    pinned = host.pin_memory()
+    x = torch.randn(32, 32, device="vnpu")
+    pinned_out = torch.empty(32, 32).pin_memory()
+    n = 1024 * 4
+    cases = [
+        ("H2D pageable", lambda: host.to("vnpu"), host,
+         [("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", n, 0)]),
+        ("H2D pinned, non_blocking", lambda: pinned.to("vnpu", non_blocking=True), host,
+         [("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", n, 0)]),
+        ("D2H pageable", lambda: x.cpu(), x.cpu(), [("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", n, 0)]),
+        ("D2H pinned, non_blocking", lambda: (pinned_out.copy_(x, non_blocking=True), torch.vnpu.synchronize())[0],
+         x.cpu(), [("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", n, 0)]),
+        ("D2D clone", lambda: x.clone(), x.cpu(), [("gpu_memcpy", "Memcpy DtoD (Device -> Device)", n, 0)]),
+        ("D2D strided", lambda: x.t().contiguous(), x.cpu().t(), [("kernel", "aten::copy_", None, 0)]),
+        ("D2D converting", lambda: x.half(), x.cpu().half(), [("kernel", "aten::copy_", None, 0)]),
+        ("peer", lambda: x.to("vnpu:1"), x.cpu(), [("gpu_memcpy", "Memcpy PtoP (Device -> Device)", n, 1)]),
+        ("peer converting", lambda: x.to("vnpu:1", torch.float16), x.cpu().half(), [("kernel", "aten::copy_", None, 1)]),
+        ("H2D converting", lambda: host.to("vnpu", torch.float16), host.half(),
+         [("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", n // 2, 0)]),
+        ("H2D strided source", lambda: host.view(32, 32).t().to("vnpu"), host.view(32, 32).t(),
+         [("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", n, 0)]),
+        ("D2H converting", lambda: x.to("cpu", torch.float16), x.cpu().half(),
+         [("kernel", "aten::copy_", None, 0), ("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", n // 2, 0)]),
+    ]
+    for label, fn, expected, events in cases:
+        out, got = _copy_events(tmp_path, fn)
+        assert got == events, (label, got)
+        torch.testing.assert_close(out.cpu(), expected, msg=label)
+        if out.device.type == "vnpu":
+            assert out.device.index == events[-1][3], label

@@ -34,10 +34,14 @@ void record_pinned(const Tensor& cpu, const c10::vnpu::VNPUStream& stream) {
       ->record_event(cpu.data_ptr(), cpu.storage().data_ptr().get_context(), stream.unwrap());
 }
 
+// As CUDA's copy_: a copy between tensors of one dtype and one dense layout
+// is a memcpy (DtoD, or PtoP between two devices); any other (converting the
+// dtype, strided, conj/neg) is a kernel, named `aten::copy_`.
 void device_to_device(Tensor& dst, const Tensor& src) {
   DeviceIndex dd = dst.device().index(), sd = src.device().index();
   c10::DeviceGuard guard(dst.device());
   auto dst_stream = getCurrentVNPUStream(dd);
+  const bool memcpy = same_dense_layout(dst, src);
   std::function<void()> kernel = [ds = spec_of(dst), ss = spec_of(src)] {
     AliasContext ctx;
     ctx.make(ds).copy_(ctx.make(ss));
@@ -49,8 +53,20 @@ void device_to_device(Tensor& dst, const Tensor& src) {
     acc.add(src.storage().data(), src.storage().nbytes(), src.sizes(), src.strides(), src.storage_offset(),
             src.scalar_type(), sd, /*write=*/false, "argument 'src'");
   }
-  if (dd == sd) {
+  auto run = [&] {
+    if (memcpy) {
+      const vnpuError_t e = vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst),
+                                            vnpuMemcpyDeviceToDevice, dst_stream.stream());
+      // vnpuErrorInvalidValue: memory the runtime does not know as device memory; the kernel copies it.
+      if (e != vnpuErrorInvalidValue) {
+        VNPU_CHECK(e);
+        return;
+      }
+    }
     launch("aten::copy_", dd, std::move(kernel), &acc);
+  };
+  if (dd == sd) {
+    run();
     return;
   }
   // Peer copy: dst's stream waits for src's stream, and src's stream waits
@@ -61,7 +77,7 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   VNPU_CHECK(vnpuEventCreateWithFlags(&after, vnpuEventDisableTiming));
   VNPU_CHECK(vnpuEventRecord(before, src_stream.stream()));
   VNPU_CHECK(vnpuStreamWaitEvent(dst_stream.stream(), before, 0));
-  launch("aten::copy_ (peer)", dd, std::move(kernel), &acc);
+  run();
   VNPU_CHECK(vnpuEventRecord(after, dst_stream.stream()));
   VNPU_CHECK(vnpuStreamWaitEvent(src_stream.stream(), after, 0));
   // Queued records and waits hold their own references to the events.
@@ -114,15 +130,18 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   Tensor staged = dense ? at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(kCPU))
                         : at::empty(dst.sizes(), dst.options().device(kCPU));
   staged.copy_(src);
+  // `staged` is ours: the task keeps it alive, so the runtime stages nothing more. A memcpy in the
+  // trace, as CUDA's memcpy of its host-side temporary.
+  auto staged_copy = [&stream](void* to, const Tensor& from, size_t n) {
+    std::shared_ptr<const void> buf(from.const_data_ptr(), [keep = from](const void*) {});
+    VNPU_CHECK(vnpuMemcpyAsyncFromHostBuffer(to, std::move(buf), n, stream.stream()));
+  };
   if (dense && !dst.is_conj() && !dst.is_neg()) {
-    // `staged` is ours: the task keeps it alive, so no second staging copy.
-    launch("memcpy HtoD", dst.device().index(),
-           [staged, to = dst.data_ptr(), n = span_bytes(dst)] { std::memcpy(to, staged.data_ptr(), n); });
+    staged_copy(dst.data_ptr(), staged, span_bytes(dst));
     return;
   }
   Tensor tmp = at::empty(dst.sizes(), dst.options());
-  launch("memcpy HtoD", dst.device().index(),
-         [staged, to = tmp.data_ptr(), n = span_bytes(tmp)] { std::memcpy(to, staged.data_ptr(), n); });
+  staged_copy(tmp.data_ptr(), staged, span_bytes(tmp));
   device_to_device(dst, tmp);
 }
 

@@ -25,13 +25,20 @@ int64_t unix_now_ns() {
 // the device rows go below the host's (CUDA's GPU rows do the same).
 constexpr int64_t kDeviceSortBase = 0x1000000;
 
+// How long stop() waits for tasks still running on the streams (any device).
+constexpr int64_t kStopTimeoutMs = 60000;
+
 std::string memcpy_name(const vnpuActivityRecord& r) {
   // CUDA's names, so tools that look for "Memcpy HtoD" find them.
   const char* host = r.host_pinned ? "Pinned" : "Pageable";
   switch (r.copy_kind) {
     case vnpuMemcpyHostToDevice: return std::string("Memcpy HtoD (") + host + " -> Device)";
     case vnpuMemcpyDeviceToHost: return std::string("Memcpy DtoH (Device -> ") + host + ")";
-    case vnpuMemcpyDeviceToDevice: return "Memcpy DtoD (Device -> Device)";
+    case vnpuMemcpyDeviceToDevice:
+      // Between two devices: CUPTI's peer-to-peer kind.
+      return r.src_device >= 0 && r.dst_device >= 0 && r.src_device != r.dst_device
+                 ? "Memcpy PtoP (Device -> Device)"
+                 : "Memcpy DtoD (Device -> Device)";
     case vnpuMemcpyHostToHost: return "Memcpy HtoH (Host -> Host)";
   }
   return "Memcpy";
@@ -69,6 +76,15 @@ void VNPUActivityProfilerSession::start() {
 void VNPUActivityProfilerSession::stop() {
   vnpuActivityEnable(0);
   recording_ = false;
+  // PyTorch synchronized the current device only (torch.vnpu.synchronize()):
+  // wait for what the other devices' streams still run of the profiled work.
+  const vnpuError_t waited = vnpuActivitySynchronize(kStopTimeoutMs);
+  if (waited != vnpuSuccess) {
+    errors_.push_back(std::string("vnpu: tasks launched while profiling were still running ") +
+                      (waited == vnpuErrorInterrupted ? "when the wait for them was interrupted"
+                                                      : "after " + std::to_string(kStopTimeoutMs / 1000) + " s") +
+                      " at the profiler's stop; they are missing from the trace");
+  }
   end_ns_ = unix_now_ns();
   vnpuActivityFlushAll(&records_);
   status_ = libkineto::TraceStatus::PROCESSING;
@@ -81,7 +97,7 @@ void VNPUActivityProfilerSession::processTrace(libkineto::ActivityLogger& logger
 void VNPUActivityProfilerSession::processTrace(libkineto::ActivityLogger& logger,
                                                libkineto::getLinkedActivityCallback getLinkedActivity,
                                                int64_t /*startTime*/, int64_t /*endTime*/) {
-  // Tasks still running at stop() (queued before it) end up here too.
+  // Tasks that ended after stop() gave up waiting for them (if it did).
   vnpuActivityFlushAll(&records_);
   buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
   buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "vnpu");
@@ -141,6 +157,10 @@ void VNPUActivityProfilerSession::processTrace(libkineto::ActivityLogger& logger
     task.addMetadata("queued (us)", (r.start_ns - r.queued_ns) / 1000.0);
     if (r.kind != vnpuActivityKindKernel) {
       task.addMetadata("bytes", r.bytes);
+      if (r.kind == vnpuActivityKindMemcpy && r.src_device >= 0 && r.dst_device >= 0) {
+        task.addMetadata("src device", r.src_device);
+        task.addMetadata("dst device", r.dst_device);
+      }
       const int64_t dur = r.end_ns - r.start_ns;
       if (dur > 0) task.addMetadata("memory bandwidth (GB/s)", static_cast<double>(r.bytes) / dur);
     }

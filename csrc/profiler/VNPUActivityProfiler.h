@@ -17,6 +17,10 @@
 //    submission time ("vnpuLaunchKernel", "vnpuMemcpyAsync", ...), the
 //    start of an "ac2g" flow that ends at the device activity (the arrow
 //    Perfetto / chrome://tracing draw from the CPU launch to the task).
+// stop() waits (vnpuActivitySynchronize, at most a minute) for the tasks
+// launched while profiling that still run on any device: PyTorch only
+// synchronized the current one, and work queued on vnpu:1 while vnpu:0 is
+// current would be lost otherwise. Each device is its own trace process.
 // Event record/wait tasks are not shown (CUDA's default trace does not show
 // them either). Times: the runtime's steady clock, moved to Kineto's Unix-epoch
 // nanoseconds with the offset between the two clocks taken at start().

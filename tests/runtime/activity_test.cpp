@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 using namespace vnpu_test;
@@ -131,6 +132,78 @@ TEST_F(ActivityTest, FailedKernelIsRecordedAndEnablingDropsOldRecords) {
   ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
   ASSERT_EQ(vnpuActivityEnable(1), vnpuSuccess);  // a new session starts empty
   EXPECT_TRUE(Flush().empty());
+}
+
+TEST_F(ActivityTest, SynchronizeWaitsForEveryDevicesRecordedTasksOnly) {
+  VNPU_REQUIRE_DEVICES(2);
+  auto gate = std::make_shared<Gate>();
+  OpenOnExit open_gate(gate);
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  Stream on1;
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
+  ASSERT_EQ(vnpuActivityEnable(1), vnpuSuccess);
+  ASSERT_EQ(vnpuLaunchKernel(on1, "on_1", [] { std::this_thread::sleep_for(30ms); }), vnpuSuccess);
+  ASSERT_EQ(vnpuLaunchKernel(on1, "on_1_gated", [gate] { gate->wait(); }), vnpuSuccess);
+  ASSERT_EQ(vnpuActivityEnable(0), vnpuSuccess);
+  // Still running (the gate is closed): a bounded wait times out, and nothing recorded is lost.
+  EXPECT_EQ(vnpuActivitySynchronize(50), vnpuErrorNotReady);
+  gate->open();
+  ASSERT_EQ(vnpuActivitySynchronize(-1), vnpuSuccess);
+  auto r = Flush();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].name, "on_1");
+  EXPECT_EQ(r[1].name, "on_1_gated");
+  EXPECT_EQ(r[0].device, 1);
+  EXPECT_EQ(r[0].stream, on1.get());
+  // A task submitted after recording was turned off is not waited for.
+  auto gate2 = std::make_shared<Gate>();
+  OpenOnExit open_gate2(gate2);
+  ASSERT_EQ(vnpuLaunchKernel(on1, "unrecorded", [gate2] { gate2->wait(); }), vnpuSuccess);
+  EXPECT_EQ(vnpuActivitySynchronize(1000), vnpuSuccess);
+  gate2->open();
+  ASSERT_EQ(vnpuStreamSynchronize(on1), vnpuSuccess);
+  EXPECT_TRUE(Flush().empty());
+}
+
+TEST_F(ActivityTest, CopiesRecordTheirSourceAndDestinationDevices) {
+  VNPU_REQUIRE_DEVICES(2);
+  constexpr size_t n = 4096;
+  std::vector<char> host(n, 1);
+  DeviceBuffer on0(n);
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  DeviceBuffer on1(n);
+  Stream s1;
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
+  ASSERT_EQ(vnpuActivityEnable(1), vnpuSuccess);
+  ASSERT_EQ(vnpuMemcpyAsync(on0.get(), host.data(), n, vnpuMemcpyHostToDevice, nullptr), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);
+  ASSERT_EQ(vnpuMemcpyAsync(on1.get(), on0.get(), n, vnpuMemcpyDeviceToDevice, s1), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(s1), vnpuSuccess);
+  // A caller-owned staging buffer: no second staging, the task keeps it alive.
+  std::shared_ptr<const void> staged(new char[n](), [](const void* p) { delete[] static_cast<const char*>(p); });
+  std::weak_ptr<const void> watch = staged;
+  ASSERT_EQ(vnpuMemcpyAsyncFromHostBuffer(on1.get(), std::move(staged), n, s1), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(s1), vnpuSuccess);
+  ASSERT_EQ(vnpuActivityEnable(0), vnpuSuccess);
+  EXPECT_TRUE(WaitUntil([&] { return watch.expired(); }));  // released once the copy ran
+  std::vector<char> back(n, 7);
+  ASSERT_EQ(vnpuMemcpy(back.data(), on1.get(), n, vnpuMemcpyDeviceToHost), vnpuSuccess);
+  EXPECT_EQ(back, std::vector<char>(n, 0));
+  auto r = Flush();
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].src_device, -1);
+  EXPECT_EQ(r[0].dst_device, 0);
+  EXPECT_EQ(r[1].copy_kind, vnpuMemcpyDeviceToDevice);
+  EXPECT_EQ(r[1].src_device, 0);
+  EXPECT_EQ(r[1].dst_device, 1);
+  EXPECT_EQ(r[1].device, 1);
+  EXPECT_EQ(r[2].kind, vnpuActivityKindMemcpy);
+  EXPECT_EQ(r[2].copy_kind, vnpuMemcpyHostToDevice);
+  EXPECT_EQ(r[2].bytes, n);
+  EXPECT_EQ(r[2].host_pinned, 0);
+  EXPECT_EQ(r[2].dst_device, 1);
+  std::shared_ptr<const void> one(new char[1](), std::default_delete<char[]>());
+  EXPECT_EQ(vnpuMemcpyAsyncFromHostBuffer(host.data(), one, 1, nullptr), vnpuErrorInvalidValue);  // the destination must be device memory
 }
 
 TEST_F(ActivityTest, BadArguments) {

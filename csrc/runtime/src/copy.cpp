@@ -70,19 +70,25 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
     if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_task(s, name, acc, n); e != vnpuSuccess) return e;
   }
+  TaskInfo info{vnpuActivityKindMemcpy, count, kind};
+  if (recording()) {  // Note [Activity records]: nothing more when no profiler is on
+    info.host_pinned = (kind == vnpuMemcpyHostToDevice && is_pinned(src)) ||
+                       (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
+    info.src_device = device_of(src);
+    info.dst_device = device_of(dst);
+  }
   if (kind == vnpuMemcpyHostToDevice && !is_pinned(src)) {
     // Stage pageable memory now so the caller may reuse its buffer at once.
     std::shared_ptr<char> staged(static_cast<char*>(std::malloc(count)), std::free);
     if (!staged) return vnpuErrorMemoryAllocation;
     std::memcpy(staged.get(), src, count);
-    s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); }, nullptr,
-              {vnpuActivityKindMemcpy, count, kind, false});
+    s->submit("memcpy HtoD", [dst, staged, count] { std::memcpy(dst, staged.get(), count); }, nullptr, info);
   } else if (kind == vnpuMemcpyDeviceToHost && !is_pinned(dst)) {
     auto pending = std::make_shared<PendingHostCopy>();
     s->submit("memcpy DtoH", [dst, src, count, pending] {
       std::lock_guard<std::mutex> g(pending->mu);
       if (!pending->abandoned) std::memmove(dst, src, count);
-    }, nullptr, {vnpuActivityKindMemcpy, count, kind, false});
+    }, nullptr, info);
     if (!s->wait_idle(/*interruptible=*/true)) {
       std::lock_guard<std::mutex> g(pending->mu);
       pending->abandoned = true;
@@ -94,19 +100,38 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                        : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
                        : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
                                                           : "memcpy HtoH";
-    const bool pinned = (kind == vnpuMemcpyHostToDevice && is_pinned(src)) ||
-                        (kind == vnpuMemcpyDeviceToHost && is_pinned(dst));
     if (kind == vnpuMemcpyDeviceToHost && san::on() && !launch_blocking()) {
       std::memset(dst, 0xFF, count);  // Note [Deferred host copies]
       return finish_submission(s, s->submit(name, [dst, src, count, ticket = san::gate_ticket()] {
         san::wait_gate(ticket);
         std::memmove(dst, src, count);
-      }, nullptr, {vnpuActivityKindMemcpy, count, kind, pinned}));
+      }, nullptr, info));
     }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
-                                          {vnpuActivityKindMemcpy, count, kind, pinned}));
+                                          info));
   }
   return finish(s, /*wait=*/false);
+}
+
+vnpuError_t vnpuMemcpyAsyncFromHostBuffer(void* dst, std::shared_ptr<const void> src, size_t count,
+                                          vnpuStream_t stream) {
+  if (count == 0) return vnpuSuccess;
+  if (dst == nullptr || src == nullptr || !kind_ok(dst, src.get(), vnpuMemcpyHostToDevice)) {
+    return vnpuErrorInvalidValue;
+  }
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (san::on()) {
+    const vnpuMemAccess acc{dst, count, 1};
+    if (vnpuError_t e = san::report_host_access(s, "memcpy HtoD"); e != vnpuSuccess) return e;
+    if (vnpuError_t e = san::begin_task(s, "memcpy HtoD", &acc, 1); e != vnpuSuccess) return e;
+  }
+  TaskInfo info{vnpuActivityKindMemcpy, count, vnpuMemcpyHostToDevice};
+  if (recording()) info.dst_device = device_of(dst);
+  return finish_submission(
+      s, s->submit("memcpy HtoD", [dst, src = std::move(src), count] { std::memcpy(dst, src.get(), count); },
+                   nullptr, info));
 }
 
 vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind) {

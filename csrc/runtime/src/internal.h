@@ -31,6 +31,7 @@ struct TaskInfo {
   size_t bytes = 0;
   vnpuMemcpyKind copy_kind = vnpuMemcpyHostToHost;
   bool host_pinned = false;
+  int src_device = -1, dst_device = -1;  // memcpy
 };
 }  // namespace vnpu::rt
 
@@ -45,6 +46,7 @@ struct vnpuStream_st {
     vnpuActivityKind kind = vnpuActivityKindKernel;
     vnpuMemcpyKind copy_kind = vnpuMemcpyHostToHost;
     bool host_pinned = false;
+    int src_device = -1, dst_device = -1;
     bool record = false;
     size_t bytes = 0;
     uint64_t correlation_id = 0;
@@ -176,6 +178,7 @@ inline bool recording() { return g_activity_on.load(std::memory_order_relaxed); 
 uint64_t current_correlation_id();  // top of this thread's stack, 0 if empty
 uint64_t host_thread_id();          // Linux tid of the calling thread (cached)
 int64_t activity_now_ns();
+void activity_submitted();         // a task with record = true was queued
 void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns, int64_t end_ns, bool failed);
 
 // Sanitizer (sanitizer.cpp; the contract is in runtime.h). on() is the one

@@ -160,10 +160,13 @@ vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn
     task.bytes = info.bytes;
     task.copy_kind = info.copy_kind;
     task.host_pinned = info.host_pinned;
+    task.src_device = info.src_device;
+    task.dst_device = info.dst_device;
     task.record = true;
     task.correlation_id = current_correlation_id();
     task.host_thread = host_thread_id();
     task.queued_ns = activity_now_ns();
+    activity_submitted();  // before the worker can see the task
   }
   {
     std::lock_guard<std::mutex> lk(mu);

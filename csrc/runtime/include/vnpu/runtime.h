@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -287,6 +288,13 @@ vnpuError_t vnpuEventElapsedTime(float* ms, vnpuEvent_t start, vnpuEvent_t end);
 vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpyKind kind,
                             vnpuStream_t stream);
 vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind kind);
+// vnpuMemcpyAsync(dst, src.get(), count, vnpuMemcpyHostToDevice, stream) from
+// pageable host memory the caller hands over: the task holds `src` until the
+// copy has run, so the runtime stages nothing (the caller already made a
+// private copy, e.g. converted the dtype on the host). A capturing stream
+// records it (the buffer is the node's).
+vnpuError_t vnpuMemcpyAsyncFromHostBuffer(void* dst, std::shared_ptr<const void> src, size_t count,
+                                          vnpuStream_t stream);
 vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream);
 
 // Graphs: stream capture and replay (cudaStreamBeginCapture, cudaGraphLaunch).
@@ -374,6 +382,7 @@ struct vnpuActivityRecord {
   size_t bytes;                 // memcpy / memset size, 0 otherwise
   vnpuMemcpyKind copy_kind;     // memcpy only
   int host_pinned;              // memcpy: the host side is pinned memory (vnpuMallocHost)
+  int src_device, dst_device;   // memcpy: device of the source / destination, -1 for host memory
   uint64_t correlation_id;      // external correlation id, 0 = none
   uint64_t host_thread;         // system id (Linux tid) of the submitting host thread
   int failed;                   // the task threw (its error is the device's sticky error)
@@ -389,6 +398,13 @@ vnpuError_t vnpuActivityPopExternalCorrelationId(uint64_t* id);
 // Moves the records of tasks that have ended into *records (appended, in the
 // order the tasks ended).
 vnpuError_t vnpuActivityFlushAll(std::vector<vnpuActivityRecord>* records);
+// Waits until every task submitted while recording was on, on every stream
+// of every device, has ended and left its record (tasks submitted after
+// recording was turned off are not waited for), so that a flush afterwards
+// holds them all. timeout_ms < 0: no limit. vnpuErrorNotReady when some still
+// run at the timeout; vnpuErrorInterrupted when the wait-interrupt hook ended
+// the wait (Ctrl-C). Consumes no device error.
+vnpuError_t vnpuActivitySynchronize(int64_t timeout_ms);
 // The record clock now, in nanoseconds.
 vnpuError_t vnpuActivityGetTimestamp(int64_t* ns);
 
