@@ -106,8 +106,34 @@ def nonblocking_copy_read_early(fix: bool):
     return got, v * 2
 
 
+def graph_replay_race(fix: bool):
+    """A side stream writes a graph's static input while a replay on the default stream reads it, with
+    nothing ordering the two. Fix: the replaying stream waits for the side stream (wait_stream or an event)."""
+    main = torch.vnpu.current_stream()
+    static_x = torch.zeros(N, device="vnpu")
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        static_y = static_x * 2  # recorded, not run: no access until a replay
+    v = values()
+    new = v.to("vnpu")
+    static_x.copy_(new)  # the current stream, after the capture: ordered before the replay below
+    g.replay()
+    torch.vnpu.synchronize()
+    first = static_y.cpu()
+    side = torch.vnpu.Stream()
+    side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(BUSY_NS)
+        static_x.copy_(new + 1)
+    if fix:
+        main.wait_stream(side)
+    g.replay()  # reads static_x on the default stream
+    torch.vnpu.synchronize()
+    return torch.cat([first, static_y.cpu()]), torch.cat([v * 2, (v + 1) * 2])
+
+
 CASES = {f.__name__: f for f in (free_without_record_stream, missing_wait_stream, host_op_reads_side_stream,
-                                 use_after_free, nonblocking_copy_read_early)}
+                                 use_after_free, nonblocking_copy_read_early, graph_replay_race)}
 
 
 def main() -> None:

@@ -76,6 +76,70 @@ def test_stream_race_host_kernel_reads_side_stream():
     assert sanitized("host_op_reads_side_stream", fix=True) == {"ok": 0.0}
 
 
+def test_stream_race_against_graph_replay():
+    # A replay declares its captured kernels' accesses at its own position on the replay stream
+    # (Note [Sanitizer and graphs]): writing the static input on the replay stream after the capture is
+    # ordered (the first replay in the case), a side stream writing it unordered with a replay is a race.
+    assert wrong_without_sanitizer("graph_replay_race")
+    r = sanitized("graph_replay_race", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    msg = r["message"]
+    assert "'aten::mul.Tensor (in a graph replay)' on the default stream of vnpu:0 reads" in msg, msg
+    assert "stream_id=" in msg and "writes" in msg and "copy" in msg, msg
+    assert "The tensor was allocated" in msg and "in graph_replay_race" in msg, msg
+    assert "wait_stream" in msg, msg
+    assert sanitized("graph_replay_race", fix=True) == {"ok": 0.0}
+
+
+_COMPILED_RACE_PROGRAM = r"""
+import json, sys
+import torch
+import torch._inductor.config as config
+config.cpp_wrapper = sys.argv[1] == "1"
+f = torch.compile(lambda x: (x * 2).sin())  # one fused C++ kernel, reading x
+n = 1 << 16
+main = torch.vnpu.current_stream()
+x = torch.zeros(n, device="vnpu")
+f(x)  # compiles
+torch.vnpu.synchronize()
+out = {}
+for case in ("fix", "bug"):
+    side = torch.vnpu.Stream()
+    side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(100_000_000)
+        x.fill_(1.0 if case == "fix" else 2.0)
+    if case == "fix":
+        main.wait_stream(side)
+    try:
+        y = f(x)
+        torch.vnpu.synchronize()
+        expected = torch.full((n,), 1.0 if case == "fix" else 2.0).mul(2).sin()
+        out[case] = float((y.cpu() - expected).abs().max())
+    except torch.vnpu.sanitizer.StreamRaceError as e:
+        out[case] = "StreamRaceError: " + str(e)
+    torch.vnpu.synchronize()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
+def test_stream_race_through_compiled_kernel(cpp_wrapper):
+    # Inductor's fused kernels declare their pointer arguments, from the Python wrapper's bindings and from
+    # the C++ wrapper (InductorLaunchApi::declare_access): a side stream writing a compiled graph's input
+    # unordered with the graph is reported at the kernel's launch; with wait_stream it runs clean.
+    env = dict(os.environ, VNPU_SANITIZE="1")
+    out = subprocess.run([sys.executable, "-c", _COMPILED_RACE_PROGRAM, "1" if cpp_wrapper else "0"], cwd=_HERE,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["fix"] < 1e-5, r
+    msg = r["bug"]
+    assert isinstance(msg, str) and msg.startswith("StreamRaceError: "), r
+    assert "cpp_fused" in msg and " reads " in msg and "input pointer" in msg and "aten::fill_" in msg, msg
+    assert "wait_stream" in msg, msg
+
+
 def test_use_after_free():
     assert wrong_without_sanitizer("use_after_free")
     r = sanitized("use_after_free", fix=False)

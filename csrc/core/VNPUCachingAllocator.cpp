@@ -877,8 +877,9 @@ class DeviceCachingAllocator {
                  block->context_when_allocated);
     block->context_when_allocated = nullptr;
     // Every stream that used it is past the free point here (record_stream events): poison it on its
-    // own stream, so a late reader sees NaN, never the next owner's data.
-    if (sanitizing()) {
+    // own stream, so a late reader sees NaN, never the next owner's data. Not a graph's private pool:
+    // its replays keep using the memory after the tensors die (Note [Graph memory pools]).
+    if (sanitizing() && block->pool->owner == nullptr) {
       block->sanitizer_context = nullptr;
       VNPU_CHECK(vnpuSanitizerFree(block->ptr, block->size, block->stream));
     }

@@ -52,9 +52,12 @@ int launch_kernel_without_gil(const char* name, long device, void (*run)(void*),
                               void (*destroy)(void*)) {
   std::shared_ptr<void> owned(args, destroy);
   try {
-    enqueue(name, device, run, std::move(owned), nullptr);  // C++ wrapper kernels: not declared to the sanitizer
+    sanitizer::Accesses acc = std::move(t_pending);  // declare_access's
+    t_pending = sanitizer::Accesses();
+    enqueue(name, device, run, std::move(owned), &acc);
     return 0;
   } catch (...) {
+    t_pending = sanitizer::Accesses();
     const PyGILState_STATE gil = PyGILState_Ensure();
     torch::translate_exception_to_python(std::current_exception());
     PyGILState_Release(gil);
@@ -88,11 +91,21 @@ int host_scalar(PyObject* obj, void* dst, size_t capacity, int writes) {
   }
 }
 
+int declare_access(void* tensor, int writes) {
+  if (!sanitizer::enabled() || tensor == nullptr) return 0;
+  const at::Tensor& t = *static_cast<const at::Tensor*>(tensor);  // an AtenTensorHandle is an at::Tensor*
+  if (t.device().type() != c10::DeviceType::PrivateUse1 || !t.has_storage()) return 0;
+  t_pending.add(t.storage().data(), t.storage().nbytes(), t.sizes(), t.strides(), t.storage_offset(), t.scalar_type(),
+                t.device().index(), writes != 0,
+                std::string(writes ? "output" : "input") + " pointer " + std::to_string(t_pending.size()));
+  return 0;
+}
+
 }  // namespace
 
 const InductorLaunchApi* inductor_launch_api() {
   static const InductorLaunchApi api{kInductorLaunchApiVersion, &launch_kernel, &host_scalar,
-                                     &launch_kernel_without_gil};
+                                     &launch_kernel_without_gil, &declare_access};
   return &api;
 }
 

@@ -51,9 +51,14 @@ struct InductorLaunchApi {
   // As launch, called without the GIL (from the C++ wrapper); on failure it
   // takes the GIL to set the Python exception.
   int (*launch_without_gil)(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*));
+  // For the C++ wrapper (no GIL needed): under VNPU_SANITIZE, declares the memory
+  // of the vnpu tensor `tensor` (an AtenTensorHandle) for the next
+  // launch_without_gil on this thread, written if `writes`; a no-op otherwise
+  // (one relaxed load). Returns 0.
+  int (*declare_access)(void* tensor, int writes);
 };
 
-constexpr int kInductorLaunchApiVersion = 3;
+constexpr int kInductorLaunchApiVersion = 4;
 
 const InductorLaunchApi* inductor_launch_api();
 

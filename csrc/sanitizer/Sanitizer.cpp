@@ -193,6 +193,21 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
     t << " passed as " << d->what;
     tensor = t.str();
   }
+  // No declaration at hand (a graph replay, a runtime call): the live block holding the range.
+  void* block_base = nullptr;
+  size_t block_size = 0;
+  int block_device = -1;
+  if (d == nullptr) {
+    vnpuPointerAttributes attr{};
+    if (vnpuPointerGetAttributes(&attr, r.ptr) == vnpuSuccess && attr.device >= 0 &&
+        c10::vnpu::allocator::blockContaining(static_cast<c10::DeviceIndex>(attr.device), r.ptr, &block_base,
+                                              &block_size)) {
+      block_device = attr.device;
+      std::ostringstream t;
+      t << "the tensor memory of " << block_size << " bytes at " << block_base;
+      tensor = t.str();
+    }
+  }
   const char* name = op != nullptr ? op : r.name.c_str();
   if (err == vnpuErrorUseAfterFree) {
     m << "vNPU sanitizer: use after free: '" << name << "' on " << here << (r.write ? " writes " : " reads ") << tensor
@@ -220,6 +235,10 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
       const std::string stack = format_stack(site->stack);
       m << (stack.empty() ? std::string(".") : " at:\n" + stack);
     }
+  } else if (block_device >= 0) {
+    std::string site = allocation_site(block_device, block_base);
+    while (!site.empty() && site.back() == '\n') site.pop_back();
+    if (!site.empty()) m << "\nThe tensor was allocated" << site << "\n";
   }
   m << "\nFix: ";
   if (r.freed_since) {

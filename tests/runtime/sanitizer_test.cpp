@@ -73,6 +73,60 @@ VNPU_CHILD_SCENARIO(SanitizerFree) {
   return 0;
 }
 
+// Note [Sanitizer and graphs]: captured tasks are no accesses; each replay declares them on its stream.
+VNPU_CHILD_SCENARIO(SanitizerGraphReplay) {
+  vnpuStream_t a = nullptr, b = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamCreate(&b), vnpuSuccess);
+  char* p = nullptr;
+  char* q = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&q), 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 1), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamBeginCapture(b, vnpuStreamCaptureModeGlobal), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(b, p, 1024, 0), vnpuSuccess);  // recorded: not checked against a's write
+  CHILD_CHECK_EQ(Launch(a, p, 1024, 1), vnpuSuccess);  // nor is the recorded read an access
+  CHILD_CHECK_EQ(vnpuSanitizerFree(q, 4096, b), vnpuSuccess);  // no poison fill recorded into the graph
+  vnpuGraph_t g = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamEndCapture(b, &g), vnpuSuccess);
+  size_t nodes = 0;
+  CHILD_CHECK_EQ(vnpuGraphGetNodeCount(g, &nodes), vnpuSuccess);
+  CHILD_CHECK_EQ(nodes, 1u);
+  vnpuGraphExec_t x = nullptr;
+  CHILD_CHECK_EQ(vnpuGraphInstantiate(&x, g, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphLaunch(x, b), vnpuErrorStreamRace);  // the replay reads p, unordered with a
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.stream == b && r.other_stream == a && r.other_write == 1 && !r.write);
+  CHILD_CHECK(r.name == "reader (in a graph replay)" && r.ptr == p && r.bytes == 1024);
+  vnpuEvent_t e = nullptr;
+  CHILD_CHECK_EQ(vnpuEventCreate(&e), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamWaitEvent(b, e, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphLaunch(x, b), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p + 16, 16, 1), vnpuErrorStreamRace);  // the replay on b may still read it
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.stream == a && r.other_stream == b && r.other_name == "reader (in a graph replay)");
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(b), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p + 16, 16, 1), vnpuSuccess);
+  // A replay captured into another graph hands its accesses on to that graph.
+  CHILD_CHECK_EQ(vnpuStreamBeginCapture(b, vnpuStreamCaptureModeGlobal), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphLaunch(x, b), vnpuSuccess);
+  vnpuGraph_t g2 = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamEndCapture(b, &g2), vnpuSuccess);
+  vnpuGraphExec_t x2 = nullptr;
+  CHILD_CHECK_EQ(vnpuGraphInstantiate(&x2, g2, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphLaunch(x2, a), vnpuSuccess);      // same stream as the last write
+  CHILD_CHECK_EQ(Launch(b, p, 8, 1), vnpuErrorStreamRace);  // the outer replay on a reads p
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(b, p, 8, 1), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphExecDestroy(x2), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphDestroy(g2), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphExecDestroy(x), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuGraphDestroy(g), vnpuSuccess);
+  return 0;
+}
+
 VNPU_CHILD_SCENARIO(SanitizerEnableAfterInit) {
   CHILD_CHECK_EQ(vnpuSanitizerIsEnabled(), 0);
   CHILD_CHECK_EQ(vnpuInit(0), vnpuSuccess);
@@ -95,6 +149,10 @@ TEST(SanitizerTest, OrderingByStreamsEventsAndHostWaits) {
 
 TEST(SanitizerTest, FreedMemoryIsPoisonedAndRefused) {
   EXPECT_EQ(RunScenario("SanitizerFree", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, GraphReplaysDeclareTheCapturedAccesses) {
+  EXPECT_EQ(RunScenario("SanitizerGraphReplay", {"VNPU_SANITIZE=1"}), 0);
 }
 
 TEST(SanitizerTest, EnableRefusedAfterInitialization) { EXPECT_EQ(RunScenario("SanitizerEnableAfterInit"), 0); }

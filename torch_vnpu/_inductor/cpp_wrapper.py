@@ -17,7 +17,9 @@ docs/ARCHITECTURE.md, "How a compiled graph reaches the stream"):
   graph's device, with its arguments captured by value in a lambda
   (:data:`_RUNTIME`), through ``InductorLaunchApi::launch_without_gil``
   (csrc/inductor/KernelLaunch.h); kernels of CPU nodes run on the host, as in
-  the Python wrapper.
+  the Python wrapper. Under ``VNPU_SANITIZE`` each launch first declares its
+  vnpu pointer arguments' tensors (``declare_access``; a ``const`` pointer
+  parameter is a read), as the Python wrapper's bindings do.
 
 Errors: a launch error (bad device; a kernel's own error under
 ``VNPU_LAUNCH_BLOCKING=1``) raises the exception eager raises
@@ -56,12 +58,13 @@ _RUNTIME = r"""
 
 namespace torch_vnpu_cpp_wrapper {
 
-// at::vnpu::InductorLaunchApi, version 3.
+// at::vnpu::InductorLaunchApi, version 4.
 struct LaunchApi {
   int version;
   int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
   int (*host_scalar)(PyObject*, void*, size_t, int);
   int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
+  int (*declare_access)(void*, int);
 };
 
 static const LaunchApi* api = nullptr;
@@ -76,7 +79,7 @@ static inline void init() {
   if (api) return;
   auto* found = static_cast<const LaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
   if (!found) throw PythonErrorSet();
-  if (found->version != 3) {
+  if (found->version != 4) {
     PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu graph was built for another torch_vnpu version");
     throw PythonErrorSet();
   }
@@ -94,6 +97,10 @@ static inline void launch(const char* name, int64_t device, F&& kernel) {
     throw PythonErrorSet();
   }
 }
+
+// Under VNPU_SANITIZE, declares the vnpu tensor's memory for the next launch
+// (written if `writes`: a non-const pointer parameter); otherwise one relaxed load.
+static inline void declare(AtenTensorHandle tensor, int writes) { api->declare_access(tensor, writes); }
 
 // A pointer argument of a vnpu kernel whose tensor may be on the CPU: a 0-dim
 // CPU tensor (an optimizer's step count) is copied at launch, since the host
@@ -242,13 +249,16 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
                                                         arg_types=arg_types, **kwargs)
         assert arg_types is not None and len(call_args) == len(arg_types)
         index = device.index if device.index is not None else torch.vnpu.current_device()
-        captures, params = [], []
+        captures, params, declares = [], [], []
         for i, (arg, arg_type) in enumerate(zip(call_args, arg_types)):
             arg = str(arg)
             if isinstance(arg_type, str) and "*" in arg_type:
                 if self._is_on_vnpu(arg):
                     captures.append(f"a{i} = ({arg_type})({arg}.data_ptr())")
                     params.append(f"a{i}")
+                    # VNPU_SANITIZE: as the Python wrapper's binding declares them (host_scalar): const = read.
+                    writes = 0 if "const" in arg_type else 1
+                    declares.append(f"torch_vnpu_cpp_wrapper::declare({arg}, {writes});")
                 else:
                     element = arg_type.replace("*", "").strip()
                     captures.append(f"a{i} = torch_vnpu_cpp_wrapper::KernelPtr<{element}>({arg})")
@@ -257,6 +267,8 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
                 captures.append(f"a{i} = {arg}")
                 params.append(f"a{i}")
         name = _c_string(f"{kernel_name} ({_graph_label()})")
+        for line in declares:
+            self.writeline(line)
         self.writeline(
             f"torch_vnpu_cpp_wrapper::launch({name}, {index}, [{', '.join(captures)}]() "
             f"{{ {kernel_name}({', '.join(params)}); }});"

@@ -24,12 +24,14 @@
 struct vnpuGraph_st {
   int device = 0;
   std::vector<std::pair<std::string, vnpuKernel_t>> nodes;
+  std::vector<vnpu::rt::san::GraphAccess> san_accesses;  // Note [Sanitizer and graphs] (sanitizer.cpp)
 };
 
 struct vnpuGraphExec_st {
   int device = 0;
   // Shared with queued launches, so the exec may be destroyed while they wait.
   std::shared_ptr<const std::vector<std::pair<std::string, vnpuKernel_t>>> nodes;
+  std::vector<vnpu::rt::san::GraphAccess> san_accesses;
 };
 
 namespace vnpu::rt {
@@ -184,6 +186,7 @@ vnpuError_t vnpuStreamEndCapture(vnpuStream_t stream, vnpuGraph_t* graph) {
   {
     std::lock_guard<std::mutex> lk(s->mu);  // late submitters finished appending
     gr->nodes = std::move(c->nodes);
+    gr->san_accesses = std::move(c->san_accesses);
   }
   *graph = gr;
   return vnpuSuccess;
@@ -245,6 +248,7 @@ vnpuError_t vnpuGraphInstantiate(vnpuGraphExec_t* exec, vnpuGraph_t graph, unsig
   auto* x = new vnpuGraphExec_st();
   x->device = graph->device;
   x->nodes = std::make_shared<const std::vector<std::pair<std::string, vnpuKernel_t>>>(graph->nodes);
+  x->san_accesses = graph->san_accesses;
   *exec = x;
   return vnpuSuccess;
 }
@@ -264,6 +268,10 @@ vnpuError_t vnpuGraphLaunch(vnpuGraphExec_t exec, vnpuStream_t stream) {
     set_last_error_message("vnpuGraphLaunch: the graph was captured on vnpu:" + std::to_string(exec->device) +
                            " and cannot run on a stream of vnpu:" + std::to_string(s->device));
     return vnpuErrorInvalidValue;
+  }
+  if (san::on()) {  // Note [Sanitizer and graphs] (sanitizer.cpp)
+    if (vnpuError_t e = san::report_host_access(s, "vnpuGraphLaunch"); e != vnpuSuccess) return e;
+    if (vnpuError_t e = san::begin_replay(s, exec->san_accesses); e != vnpuSuccess) return e;
   }
   auto submitted = s->submit("vnpuGraphLaunch", [nodes = exec->nodes] {
     for (size_t i = 0; i < nodes->size(); ++i) {

@@ -25,6 +25,13 @@
 
 namespace vnpu::rt {
 struct Capture;
+namespace san {
+// An access a captured task declared; `name` (interned) names the task for reports.
+struct GraphAccess {
+  vnpuMemAccess access;
+  const char* name;
+};
+}  // namespace san
 // What a task is, for its activity record (kernels need none).
 struct TaskInfo {
   vnpuActivityKind kind = vnpuActivityKindKernel;
@@ -189,7 +196,11 @@ extern std::atomic<bool> g_on;
 inline bool on() { return g_on.load(std::memory_order_relaxed); }
 // Checks and records a task about to be submitted to s; vnpuSuccess or the
 // refusal (the report is stored for vnpuSanitizerGetLastReport).
+// On a capturing stream, nothing is checked or recorded: the accesses are kept
+// in the capture for its replays (Note [Sanitizer and graphs]).
 vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* acc, size_t n);
+// A graph replay on s: one task whose accesses are the captured tasks' (each named by its task).
+vnpuError_t begin_replay(vnpuStream_st* s, const std::vector<GraphAccess>& acc);
 void event_recorded(vnpuEvent_st* e, vnpuStream_st* s);  // after begin_task of the record
 void stream_waits_event(vnpuStream_st* s, vnpuEvent_st* e);
 void host_waited_stream(vnpuStream_st* s);
@@ -278,6 +289,9 @@ struct Capture {
   vnpuStreamCaptureMode mode = vnpuStreamCaptureModeGlobal;
   std::thread::id thread;          // the thread that began it
   std::vector<std::pair<std::string, vnpuKernel_t>> nodes;  // guarded by stream->mu
+  // Sanitizer: the accesses the recorded tasks declared, declared again by
+  // every replay (Note [Sanitizer and graphs], sanitizer.cpp). Guarded by stream->mu.
+  std::vector<san::GraphAccess> san_accesses;
   std::atomic<bool> invalidated{false};
   std::atomic<bool> ended{false};
   std::string invalidated_by;      // guarded by the capture registry's mutex (graph.cpp)

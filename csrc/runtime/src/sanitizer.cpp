@@ -150,33 +150,36 @@ vnpuError_t refuse(vnpuError_t err, size_t index, const vnpuMemAccess& a, uintpt
 
 void set_report(vnpuSanitizerReport report) { t_report = std::move(report); }
 
-vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* acc, size_t n) {
-  std::lock_guard<std::mutex> g(g_mu);
+namespace {
+
+// Checks and records one task of s whose i-th access is acc(i), named name(i). Called with g_mu held.
+template <class Acc, class Name>
+vnpuError_t check_and_record(vnpuStream_st* s, size_t n, Acc acc, Name name) {
   const uint32_t k = slot_of(s);
   Clock c = g_clocks[k];
   if (k != 0) join(c, g_clocks[0]);
   const uint64_t pos = g_pos[k] + 1;
   if (c.size() <= k) c.resize(k + 1, 0);
   c[k] = pos;
-  const char* iname = intern(name);
   for (size_t i = 0; i < n; ++i) {
-    const vnpuMemAccess& a = acc[i];
+    const vnpuMemAccess& a = acc(i);
     if (a.bytes == 0 || a.ptr == nullptr) continue;
     const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr), hi = lo + a.bytes;
     vnpuError_t err = vnpuSuccess;
     visit(lo, hi, [&](uintptr_t start, const Range& r) {
       if (r.freed) {
-        err = refuse(vnpuErrorUseAfterFree, i, a, start, r, s, pos, iname, r.writer.pos ? &r.writer : nullptr, true);
+        err = refuse(vnpuErrorUseAfterFree, i, a, start, r, s, pos, name(i), r.writer.pos ? &r.writer : nullptr,
+                     true);
         return false;
       }
       if (!ordered(c, k, r.writer)) {
-        err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, iname, &r.writer, true);
+        err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, name(i), &r.writer, true);
         return false;
       }
       if (a.write) {
         for (const Epoch& e : r.readers) {
           if (!ordered(c, k, e)) {
-            err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, iname, &e, false);
+            err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, name(i), &e, false);
             return false;
           }
         }
@@ -187,11 +190,11 @@ vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* 
   }
   g_clocks[k] = std::move(c);
   g_pos[k] = pos;
-  const Epoch me{k, pos, iname, false};
   for (int pass = 0; pass < 2; ++pass) {  // reads, then writes (an in-place access ends as a write)
     for (size_t i = 0; i < n; ++i) {
-      const vnpuMemAccess& a = acc[i];
+      const vnpuMemAccess& a = acc(i);
       if (a.bytes == 0 || a.ptr == nullptr || (a.write != 0) != (pass == 1)) continue;
+      const Epoch me{k, pos, name(i), false};
       const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr);
       cover(lo, lo + a.bytes, [&](Range& r) {
         if (a.write) {
@@ -210,6 +213,53 @@ vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* 
     }
   }
   return vnpuSuccess;
+}
+
+}  // namespace
+
+// Note [Sanitizer and graphs]
+// Nothing runs while a stream captures, so a captured task is not an access:
+// begin_task keeps its declared accesses in the capture (named "<task> (in a
+// graph replay)") and checks nothing. Each vnpuGraphLaunch then declares all
+// of them as one task at the replay's position on the replay stream (the
+// nodes run in order inside that task, so they cannot race each other), which
+// is CUDA's ordering: a replay is ordered after earlier work on its stream and
+// before later work. A graph launched inside a capture passes its accesses on
+// to the outer capture the same way.
+vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* acc, size_t n) {
+  if (s != nullptr && any_capture()) {
+    const char* replay_name = nullptr;
+    if (n > 0) {
+      std::lock_guard<std::mutex> g(g_mu);
+      replay_name = intern((std::string(name == nullptr ? "<kernel>" : name) + " (in a graph replay)").c_str());
+    }
+    std::lock_guard<std::mutex> lk(s->mu);  // lock order: never g_mu inside a stream's mu
+    if (s->capture) {
+      for (size_t i = 0; i < n; ++i) {
+        if (acc[i].bytes != 0 && acc[i].ptr != nullptr) s->capture->san_accesses.push_back({acc[i], replay_name});
+      }
+      return vnpuSuccess;
+    }
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  const char* iname = intern(name);
+  return check_and_record(s, n, [acc](size_t i) -> const vnpuMemAccess& { return acc[i]; },
+                          [iname](size_t) { return iname; });
+}
+
+vnpuError_t begin_replay(vnpuStream_st* s, const std::vector<GraphAccess>& acc) {
+  if (any_capture()) {
+    bool capturing;
+    {
+      std::lock_guard<std::mutex> lk(s->mu);
+      capturing = s->capture != nullptr;
+      if (capturing) s->capture->san_accesses.insert(s->capture->san_accesses.end(), acc.begin(), acc.end());
+    }
+    if (capturing) return vnpuSuccess;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  return check_and_record(s, acc.size(), [&acc](size_t i) -> const vnpuMemAccess& { return acc[i].access; },
+                          [&acc](size_t i) { return acc[i].name; });
 }
 
 void event_recorded(vnpuEvent_st* e, vnpuStream_st* s) {
@@ -313,6 +363,8 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream) {
   }
   // Stream-ordered, never a host write racing queued kernels; not an access
   // of its own (the free point is what later accesses are checked against).
+  // Not on a capturing stream: the fill would be recorded into the graph.
+  if (capture_of(s)) return vnpuSuccess;
   s->submit("sanitizer poison", [ptr, bytes] { std::memset(ptr, 0xFF, bytes); }, nullptr,
             {vnpuActivityKindMemset, bytes, vnpuMemcpyHostToHost, false});
   return vnpuSuccess;
