@@ -55,17 +55,35 @@ Tensor AliasContext::make(const TensorSpec& spec) {
   if (spec.cpu_value.defined()) return spec.cpu_value;
   // Storages of zero bytes have no address: each gets its own CPU storage (a
   // kernel may grow two of them independently, e.g. two empty out= tensors).
-  auto it = spec.storage_base ? storages_.find(spec.storage_base) : storages_.end();
-  if (it == storages_.end()) {
+  const c10::Storage* found = spec.storage_base ? find(spec.storage_base) : nullptr;
+  if (found == nullptr) {
     // Non-owning DataPtr (no deleter): the device allocator owns the memory.
     // A resizable one reallocates from the CPU allocator and never frees the device memory.
     c10::Storage storage(c10::Storage::use_byte_size_t(), spec.storage_nbytes,
                          c10::DataPtr(spec.storage_base, c10::Device(c10::DeviceType::CPU)),
                          resizable_ ? c10::GetCPUAllocator() : nullptr, /*resizable=*/resizable_);
     if (!spec.storage_base) return alias_of(storage, spec);
-    it = storages_.emplace(spec.storage_base, std::move(storage)).first;
+    storages_.emplace_back(spec.storage_base, std::move(storage));
+    if (storages_.size() > kIndexAbove) {
+      if (index_.empty())
+        for (size_t i = 0; i < storages_.size(); ++i) index_.emplace(storages_[i].first, i);
+      else
+        index_.emplace(spec.storage_base, storages_.size() - 1);
+    }
+    found = &storages_.back().second;
   }
-  return alias_of(it->second, spec);
+  return alias_of(*found, spec);
+}
+
+const c10::Storage* AliasContext::find(const void* device_base) const {
+  if (!index_.empty()) {
+    auto it = index_.find(device_base);
+    return it == index_.end() ? nullptr : &storages_[it->second].second;
+  }
+  for (const auto& [base, st] : storages_) {
+    if (base == device_base) return &st;
+  }
+  return nullptr;
 }
 
 Tensor AliasContext::alias_of(const c10::Storage& storage, const TensorSpec& spec) {
@@ -80,8 +98,8 @@ Tensor AliasContext::alias_of(const c10::Storage& storage, const TensorSpec& spe
 }
 
 const c10::StorageImpl* AliasContext::cpu_storage_of(const void* device_base) const {
-  auto it = storages_.find(device_base);
-  return it == storages_.end() ? nullptr : it->second.unsafeGetStorageImpl();
+  const c10::Storage* st = find(device_base);
+  return st == nullptr ? nullptr : st->unsafeGetStorageImpl();
 }
 
 void* AliasContext::device_base_of(const c10::StorageImpl* impl) const {

@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <unordered_map>
+#include <utility>
 
 namespace at::vnpu {
 
@@ -56,7 +57,13 @@ class AliasContext {
 
  private:
   static Tensor alias_of(const c10::Storage& storage, const TensorSpec& spec);
-  std::unordered_map<const void*, c10::Storage> storages_;  // device base -> CPU storage
+  // device base -> CPU storage. Most tasks have a few tensors: a linear scan
+  // over inline entries, no allocation; foreach ops over many tensors also
+  // get a hash index (built past kIndexAbove entries).
+  static constexpr size_t kIndexAbove = 16;
+  c10::SmallVector<std::pair<const void*, c10::Storage>, 4> storages_;
+  std::unordered_map<const void*, size_t> index_;
+  const c10::Storage* find(const void* device_base) const;
   bool resizable_ = false;
 };
 

@@ -27,6 +27,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/irange.h>
 
+#include <array>
 #include <atomic>
 #include <limits>
 #include <cstring>
@@ -410,7 +411,7 @@ bool mutable_arg_overlaps(const OpInfo& info, ArrayRef<IValue> args, std::vector
 struct Slot {
   enum Kind { Value, Tensor, TensorList, OptTensorList, Gen } kind = Value;
   IValue value;
-  std::vector<TensorSpec> specs;
+  c10::SmallVector<TensorSpec, 1> specs;  // inline for one tensor: Note [Plan reuse]
   uint64_t seed = 0;  // Gen: CPU generator seed
   // Gen inside a graph capture: the seed comes from the replay's base at run
   // time (Note [Random numbers in graphs], VNPUGraph.h).
@@ -495,6 +496,15 @@ IValue materialize(const Slot& s, AliasContext& ctx) {
 
 struct Plan {
   explicit Plan(c10::OperatorHandle o) : op(std::move(o)) {}
+  void reset(const c10::OperatorHandle& o) {  // as freshly constructed, keeping capacity
+    op = o;
+    out_op.reset();
+    out_kernel = nullptr;
+    args.clear();
+    outs.clear();
+    out_unusable = nullptr;
+    mutable_arg = nullptr;
+  }
   c10::OperatorHandle op;       // the functional op
   std::optional<c10::OperatorHandle> out_op;  // its out= overload, when used
   OutKernel out_kernel = nullptr;               // else its out kernel, when used
@@ -503,6 +513,29 @@ struct Plan {
   std::atomic<bool>* out_unusable = nullptr;  // OpInfo flag set when out= cannot be used
   const std::vector<bool>* mutable_arg = nullptr;  // OpInfo's, per argument of `op`
 };
+
+// Note [Plan reuse]
+// A plan is built on the calling thread and released by the stream's worker
+// once its task ran. Freed there, its memory would cross threads, and glibc's
+// malloc then takes arena locks on both sides (a fifth of an add's host time).
+// Each calling thread keeps its last kPlanRing plans and rebuilds the oldest
+// in place once the worker has released it (graph captures keep theirs), so a
+// loop of ops allocates no plan memory.
+constexpr size_t kPlanRing = 256;
+
+std::shared_ptr<Plan> acquire_plan(const c10::OperatorHandle& op) {
+  thread_local std::array<std::shared_ptr<Plan>, kPlanRing> ring;
+  thread_local size_t next = 0;
+  std::shared_ptr<Plan>& slot = ring[next];
+  next = (next + 1) % kPlanRing;
+  if (slot && slot.use_count() == 1) {
+    std::atomic_thread_fence(std::memory_order_acquire);  // after the worker's last use of it
+    slot->reset(op);
+  } else {
+    slot = std::make_shared<Plan>(op);
+  }
+  return slot;
+}
 
 bool is_not_resizable_error(const c10::Error& e) {
   return std::string_view(e.what_without_backtrace()).find("not resizable") != std::string_view::npos;
@@ -766,17 +799,19 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   key.k.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   MetaQuery q;
   q.cacheable = key.ok;
+  if (key.ok) {
+    std::lock_guard<std::mutex> g(info.meta_cache->mu);
+    auto it = info.meta_cache->map.find(key.k);
+    if (it != info.meta_cache->map.end()) {
+      q.meta = it->second;
+      return q;
+    }
+  }
+  // A miss (rare in loops): only now the dtype signature (it allocates).
   q.signature = dtype_signature(schema, args);
   int8_t state = 0;
   {
     std::lock_guard<std::mutex> g(info.meta_cache->mu);
-    if (key.ok) {
-      auto it = info.meta_cache->map.find(key.k);
-      if (it != info.meta_cache->map.end()) {
-        q.meta = it->second;
-        return q;
-      }
-    }
     auto st = info.meta_cache->signatures.find(q.signature);
     if (st != info.meta_cache->signatures.end()) state = st->second;
   }
@@ -1095,7 +1130,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   }
   for (const auto& [i, m] : meta->mutated) apply_layout(args[i].toTensor(), m);
 
-  auto plan = std::make_shared<Plan>(op);
+  auto plan = acquire_plan(op);
   plan->out_unusable = &info.out_unusable;
   plan->mutable_arg = &info.mutable_arg;
   const int64_t numel = max_numel(args);
@@ -1111,6 +1146,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   };
   std::vector<IValue> results;
   results.reserve(schema.returns().size());
+  plan->outs.reserve(schema.returns().size());
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     if (info.return_arg[r] >= 0) {
       results.push_back(args[info.return_arg[r]]);
@@ -1312,23 +1348,21 @@ IValue map_tensors(const IValue& v, const std::function<Tensor(const Tensor&)>& 
   return v;
 }
 
-void launch(const char* name, DeviceIndex device, std::function<void()> kernel) {
-  launch(name, device, std::move(kernel), nullptr);
+void run_on_worker(c10::function_ref<void()> kernel) {
+  prepare_worker_thread();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  try {
+    kernel();
+  } catch (const c10::Error& e) {
+    // The message without the C++ backtrace; the runtime names the kernel.
+    throw std::runtime_error(e.what_without_backtrace());
+  }
 }
 
-void launch(const char* name, DeviceIndex device, std::function<void()> kernel, const sanitizer::Accesses* accesses) {
+void enqueue_task(const char* name, DeviceIndex device, std::function<void()> task,
+                  const sanitizer::Accesses* accesses) {
   release_host_openmp_pool();  // Note [One OpenMP pool]
   auto stream = c10::vnpu::getCurrentVNPUStream(device);
-  vnpuKernel_t task = [k = std::move(kernel)] {
-    prepare_worker_thread();
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    try {
-      k();
-    } catch (const c10::Error& e) {
-      // The message without the C++ backtrace; the runtime names the kernel.
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  };
   if (accesses != nullptr && sanitizer::enabled()) {
     sanitizer::launch_checked(stream.stream(), name, std::move(task), *accesses);
     return;

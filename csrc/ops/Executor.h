@@ -22,6 +22,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <c10/util/FunctionRef.h>
+
 #include <functional>
 
 namespace at::vnpu {
@@ -33,14 +35,23 @@ class Accesses;
 void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                        torch::jit::Stack* stack);
 
-// Enqueues `kernel` on the current stream of `device` under `name`; the kernel
-// runs on the stream's worker with thread-local state prepared for ATen CPU
-// kernels. Errors surface at the next synchronization (RuntimeError).
-void launch(const char* name, DeviceIndex device, std::function<void()> kernel);
-// The same, declaring the memory the kernel reads and writes (checked under
-// VNPU_SANITIZE: a race raises StreamRaceError here, nothing is queued).
-void launch(const char* name, DeviceIndex device, std::function<void()> kernel,
-            const sanitizer::Accesses* accesses);
+// Runs `kernel` as a stream task does: thread-local state prepared for ATen
+// CPU kernels, c10::Error turned into the runtime's error (Executor.cpp).
+void run_on_worker(c10::function_ref<void()> kernel);
+// Enqueues an already wrapped task (see launch) on the current stream of `device`.
+void enqueue_task(const char* name, DeviceIndex device, std::function<void()> task,
+                  const sanitizer::Accesses* accesses);
+
+// Enqueues `kernel` (any callable) on the current stream of `device` under
+// `name`; the kernel runs on the stream's worker with thread-local state
+// prepared for ATen CPU kernels. Errors surface at the next synchronization
+// (RuntimeError). With `accesses`, declares the memory the kernel reads and
+// writes (checked under VNPU_SANITIZE: a race raises StreamRaceError here,
+// nothing is queued). The callable is wrapped once (one std::function).
+template <class F>
+void launch(const char* name, DeviceIndex device, F&& kernel, const sanitizer::Accesses* accesses = nullptr) {
+  enqueue_task(name, device, [k = std::forward<F>(kernel)]() mutable { run_on_worker(k); }, accesses);
+}
 
 // Routes ops that have a CPU kernel and a CompositeExplicitAutograd kernel to
 // the executor, so vnpu runs CPU's kernel (see Overrides.cpp). Idempotent.

@@ -51,7 +51,7 @@ int64_t activity_now_ns() {
 }
 
 void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns, int64_t end_ns, bool failed) {
-  vnpuActivityRecord r{task.kind, std::move(task.name), s->device, s, task.queued_ns, start_ns, end_ns,
+  vnpuActivityRecord r{task.kind, std::string(task.name), s->device, s, task.queued_ns, start_ns, end_ns,
                        task.bytes, task.copy_kind, task.host_pinned ? 1 : 0, task.src_device, task.dst_device,
                        task.correlation_id, task.host_thread, failed ? 1 : 0};
   std::lock_guard<std::mutex> g(g_mu);

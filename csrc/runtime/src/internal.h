@@ -40,11 +40,20 @@ struct TaskInfo {
   bool host_pinned = false;
   int src_device = -1, dst_device = -1;  // memcpy
 };
+
+// Note [Task names]
+// Tasks carry their name (for errors and activity records) as a pointer into a
+// process-wide table of names, so a submission copies no string: a std::string
+// of an op name ("aten::add.Tensor" is over the 15-byte inline limit) would be
+// allocated by the submitting thread and freed by the worker, and such
+// cross-thread frees contend on malloc's arena locks. Names are few (op and
+// kernel names), so the table only grows at first use of each.
+const char* intern_task_name(const char* name);
 }  // namespace vnpu::rt
 
 struct vnpuStream_st {
   struct Task {
-    std::string name;
+    const char* name = "";  // interned (Note [Task names])
     vnpuKernel_t fn;
     // Runs right after the task is counted complete, under `mu`, so that what it
     // publishes (an event's completion) and the stream's idleness agree.
@@ -68,7 +77,34 @@ struct vnpuStream_st {
   std::mutex mu;                   // guards everything below
   std::condition_variable cv_work; // worker waits for tasks
   std::condition_variable cv_done; // synchronizers wait for progress
-  std::deque<Task> queue;
+  // Note [Task ring]: a ring of reused Task slots, not a std::deque: a deque
+  // frees a block on the worker for every few tasks the submitting thread
+  // allocated (cross-thread frees, see Note [Task names]).
+  class TaskRing {
+   public:
+    bool empty() const { return count_ == 0; }
+    Task& front() { return slots_[head_]; }
+    void pop_front() {
+      head_ = (head_ + 1) & (slots_.size() - 1);
+      --count_;
+    }
+    void push_back(Task&& t) {
+      if (count_ == slots_.size()) grow();
+      slots_[(head_ + count_) & (slots_.size() - 1)] = std::move(t);
+      ++count_;
+    }
+
+   private:
+    void grow() {
+      std::vector<Task> bigger(std::max<size_t>(64, slots_.size() * 2));  // a power of two
+      for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(slots_[(head_ + i) & (slots_.size() - 1)]);
+      slots_.swap(bigger);
+      head_ = 0;
+    }
+    std::vector<Task> slots_;
+    size_t head_ = 0, count_ = 0;
+  };
+  TaskRing queue;
   uint64_t submitted = 0;          // tasks ever submitted (count)
   uint64_t completed = 0;          // tasks ever finished (count)
   bool worker_started = false;
@@ -83,7 +119,7 @@ struct vnpuStream_st {
   // or dropped it (the capture was invalidated).
   enum Submitted { Queued, Recorded, Dropped };
   // A task with on_complete must not be submitted to a capturing stream.
-  Submitted submit(std::string name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr,
+  Submitted submit(const char* name, vnpuKernel_t fn, std::function<void()> on_complete = nullptr,
                    const vnpu::rt::TaskInfo& info = vnpu::rt::TaskInfo());
   // Blocks until completed == submitted at call. An interruptible wait may end
   // early (returns false) when the wait-interrupt hook asks it to.

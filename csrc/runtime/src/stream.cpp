@@ -91,11 +91,11 @@ void run_worker(vnpuStream_st* s) {
       failed = false;
     } catch (const std::exception& e) {
       record_device_error(s->device, vnpuErrorLaunchFailure,
-                          "vNPU kernel '" + task.name + "' failed on vnpu:" +
+                          std::string("vNPU kernel '") + task.name + "' failed on vnpu:" +
                               std::to_string(s->device) + ": " + e.what());
     } catch (...) {
       record_device_error(s->device, vnpuErrorLaunchFailure,
-                          "vNPU kernel '" + task.name + "' failed on vnpu:" +
+                          std::string("vNPU kernel '") + task.name + "' failed on vnpu:" +
                               std::to_string(s->device) + " with an unknown exception");
     }
     // Before the task counts as complete, so a synchronize sees its record.
@@ -142,18 +142,18 @@ vnpuStream_st* resolve(vnpuStream_t s) {
 
 using namespace vnpu::rt;
 
-vnpuStream_st::Submitted vnpuStream_st::submit(std::string name, vnpuKernel_t fn,
+vnpuStream_st::Submitted vnpuStream_st::submit(const char* name, vnpuKernel_t fn,
                                                std::function<void()> on_complete,
                                                const vnpu::rt::TaskInfo& info) {
   if (any_capture()) {  // See Note [Stream capture] (graph.cpp)
     std::lock_guard<std::mutex> lk(mu);
     if (capture) {
       if (capture->invalidated) return Dropped;
-      capture->nodes.emplace_back(std::move(name), std::move(fn));
+      capture->nodes.emplace_back(name, std::move(fn));
       return Recorded;
     }
   }
-  Task task{std::move(name), std::move(fn), std::move(on_complete)};
+  Task task{vnpu::rt::intern_task_name(name), std::move(fn), std::move(on_complete)};
   bool notify = false;
   if (recording()) {  // Note [Activity records]
     task.kind = info.kind;
