@@ -221,6 +221,38 @@ def test_check_resolves_aliased_imports():
     assert check.check_source("import numpy as cuda\ncuda.synchronize()\nL.Trainer(accelerator='cpu')\n") == []
 
 
+STAR_AND_MORE = '''import os
+import torch
+import torch.distributed as dist
+from torch.cuda.amp import *
+os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+dist.init_process_group("nccl")
+dist.init_process_group(backend="gloo")
+scaler = GradScaler()
+with autocast():
+    x = torch.cuda.FloatTensor(3)
+torch.cuda.nvtx.range_push("a")
+g = torch.cuda.CUDAGraph()
+'''
+
+
+def test_check_star_imports_backends_env_and_cuda_only_classes():
+    got = {(f.line, f.code): f.replacement for f in check.check_source(STAR_AND_MORE, "b.py")}
+    assert set(got) == {
+        (4, "from torch.cuda.amp import *"), (5, '"CUDA_VISIBLE_DEVICES"'), (6, '"nccl"'), (8, "GradScaler"),
+        (9, "autocast"), (10, "torch.cuda.FloatTensor"), (11, "torch.cuda.nvtx.range_push"),
+        (12, "torch.cuda.CUDAGraph"),
+    }, got
+    assert got[8, "GradScaler"] == "torch.amp.GradScaler(device.type)"
+    assert "VNPU_VISIBLE_DEVICES" in got[5, '"CUDA_VISIBLE_DEVICES"']
+    # The suggested replacements exist on this device (not CUDA-only names under torch.get_device_module).
+    assert torch.distributed.get_default_backend_for_device("vnpu") == "vccl" and "vccl" in got[6, '"nccl"']
+    assert got[10, "torch.cuda.FloatTensor"].startswith("torch.tensor(")
+    assert got[11, "torch.cuda.nvtx.range_push"].startswith("torch.profiler.record_function")
+    assert "torch.accelerator.Graph()" in got[12, "torch.cuda.CUDAGraph"]
+    assert hasattr(torch.accelerator, "Graph") and hasattr(torch.vnpu, "VNPUGraph")
+
+
 def test_check_unparsable_file_reports_only_the_error(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("x = torch.cuda.synchronize(\n")

@@ -50,6 +50,16 @@ _CUDA_REPLACEMENTS = {
     "amp.GradScaler": "torch.amp.GradScaler(device.type)",
     "amp.custom_fwd": "torch.amp.custom_fwd(device_type=device.type)",
     "amp.custom_bwd": "torch.amp.custom_bwd(device_type=device.type)",
+    "CUDAGraph": "torch.accelerator.Graph() (on vnpu also torch.vnpu.VNPUGraph)",
+    "graph": "torch.get_device_module(device).graph(g) (torch.vnpu.graph on vnpu)",
+    "make_graphed_callables": "torch.get_device_module(device).make_graphed_callables(...)",
+    "nvtx": "torch.profiler.record_function(name) (a profiler range on any device)",
+}
+
+# What ``from <module> import *`` binds that the check knows about.
+_STAR_NAMES = {
+    "torch.cuda.amp": ("autocast", "GradScaler", "custom_fwd", "custom_bwd"),
+    "torch.cuda": tuple(k for k in _CUDA_REPLACEMENTS if "." not in k) + ("amp",),
 }
 
 
@@ -101,6 +111,9 @@ def _imported_names(tree: ast.AST) -> dict[str, str]:
                 for alias in node.names:
                     if alias.name != "*":
                         names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    else:
+                        for star in _STAR_NAMES.get(node.module, ()):
+                            names.setdefault(star, f"{node.module}.{star}")
     return names
 
 
@@ -116,6 +129,8 @@ def _cuda_replacement(name: str) -> str | None:
     if name.startswith("torch.cuda."):
         rest = name[len("torch.cuda."):]
         replacement = _CUDA_REPLACEMENTS.get(rest)
+        if replacement is None and rest.endswith("Tensor"):  # torch.cuda.FloatTensor & co: CUDA-only classes
+            return "torch.tensor(..., dtype=..., device=device) / x.to(device, dtype) (typed tensor classes are CUDA's)"
         if replacement is None:
             replacement = _CUDA_REPLACEMENTS.get(rest.split(".")[0], f"torch.get_device_module(device).{rest}")
         return replacement
@@ -160,6 +175,9 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if not node.level and node.module and (node.module == "torch" or node.module.startswith("torch.")):
+            if any(a.name == "*" for a in node.names) and _cuda_replacement(node.module) is not None:
+                self._add(node, f"import what you use by name; {node.module}: {_cuda_replacement(node.module)}")
+                return
             self._import(node, [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names if a.name != "*"])
 
     def visit_Compare(self, node: ast.Compare) -> None:
@@ -175,6 +193,12 @@ class _Visitor(ast.NodeVisitor):
                 self._add(node, f".to(device) with device = {ACC}")
             elif func == "torch.device" and node.args and _is_cuda_string(node.args[0]):
                 self._add(node, f"{ACC} (or torch.device(torch.accelerator.current_accelerator().type, i))")
+            if func and func.split(".")[-1] == "init_process_group":
+                backend = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "backend"), None)
+                if (isinstance(backend, ast.Constant) and isinstance(backend.value, str)
+                        and "nccl" in backend.value and id(backend) not in self._seen):
+                    self._add(backend, "leave backend out (or torch.distributed.get_default_backend_for_device("
+                                       "device)): torch picks nccl on CUDA, vccl on vnpu, gloo on CPU")
             for kw in node.keywords:
                 if (kw.arg == "accelerator" and isinstance(kw.value, ast.Constant)
                         and kw.value.value in ("gpu", "cuda") and id(kw.value) not in self._seen):
@@ -205,6 +229,9 @@ class _Visitor(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if id(node) not in self._seen and _is_cuda_string(node):
             self._add(node, f"{ACC} (the current accelerator; its .type for a device-type string)")
+        elif id(node) not in self._seen and node.value == "CUDA_VISIBLE_DEVICES":
+            self._add(node, "the device's own variable (VNPU_VISIBLE_DEVICES on vnpu), or select devices with "
+                            "torch.accelerator.set_device_index(i)")
 
 
 def check_source(source: str, path: str = "<string>") -> list[Finding]:
