@@ -149,6 +149,44 @@ def test_port_mode_mappings_in_process(tmp_path):
     }
 
 
+def test_port_mode_profiler_and_memory_history_record_vnpu(tmp_path):
+    # A CUDA script's profiler (ProfilerActivity.CUDA) and memory history (torch.cuda.memory.*) see vnpu's
+    # device activity and allocator, as they would see the GPU's; the oracle is the same calls made with
+    # torch.vnpu / ProfilerActivity.PrivateUse1 directly.
+    code = """
+        import json, pickle, torch
+        import torch_vnpu.port.cuda as port
+        from torch.profiler import profile, ProfilerActivity
+        dev = torch.autograd.DeviceType.PrivateUse1
+        x = torch.randn(64, 64, device="cuda")
+        facts = {}
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        for name, acts in (("cuda", [ProfilerActivity.CPU, ProfilerActivity.CUDA]),
+                           ("cuda_only", [ProfilerActivity.CUDA]),
+                           ("both", [ProfilerActivity.CUDA, ProfilerActivity.PrivateUse1]),
+                           ("vnpu", [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])):
+            with profile(activities=acts) as p:
+                y = (x @ x).relu()
+                torch.cuda.synchronize()
+            facts[name] = sorted(e.name for e in p.events() if e.device_type == dev)
+        y = torch.ones(1000, device="cuda")  # 4000 bytes, one block
+        snap = torch.cuda.memory._snapshot()
+        facts["snapshot_has_block"] = any(b["requested_size"] == 4000 and b["state"] == "active_allocated"
+                                          for seg in snap["segments"] for b in seg["blocks"])
+        facts["traces"] = sum(len(t) for t in snap["device_traces"]) > 0
+        torch.cuda.memory._dump_snapshot("snap.pickle")
+        with open("snap.pickle", "rb") as f:
+            facts["dump_segments"] = len(pickle.load(f)["segments"]) == len(torch.vnpu.memory._snapshot()["segments"])
+        facts["memory_allocated"] = torch.cuda.memory.memory_allocated() == torch.vnpu.memory_allocated() > 0
+        print(json.dumps(facts))
+    """
+    proc = _run(["-c", textwrap.dedent(code)], tmp_path)
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts["vnpu"] == ["aten::mm", "aten::relu"], facts
+    assert facts["cuda"] == facts["cuda_only"] == facts["both"] == facts["vnpu"], facts
+    assert facts["snapshot_has_block"] and facts["traces"] and facts["dump_segments"] and facts["memory_allocated"]
+
+
 def test_port_mode_refuses_to_start_without_vnpu(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import torch\nprint('RAN', torch.ones(1, device='cuda'))\n")

@@ -17,7 +17,10 @@ What it changes, process-wide, until :func:`disable`:
   when called from the script's code. Calls from torch itself and from the libraries that have their own
   vnpu adapter (accelerate, transformers, peft, trl, diffusers, lightning) still see the real ``torch.cuda``:
   torch's internals then keep using real CUDA where they check it, and the libraries pick vnpu through
-  ``torch_vnpu.integrations`` instead of taking their CUDA code paths.
+  ``torch_vnpu.integrations`` instead of taking their CUDA code paths. ``torch.cuda.memory``'s functions
+  likewise, with the memory history API (``_record_memory_history``, ``_snapshot``, ``_dump_snapshot``);
+* ``torch.profiler.profile(activities=[..., ProfilerActivity.CUDA])`` records vnpu's device activity
+  (``PrivateUse1``), as CUDA's would be;
 
 Tensors report ``device.type == "vnpu"`` (and ``is_cuda`` False): a script comparing a tensor's device with
 the string ``"cuda"`` sees False; its own device strings and ``torch.device("cuda")`` objects stay what they are
@@ -62,6 +65,37 @@ _FORWARDED = (
     "current_stream", "default_stream", "set_stream", "stream", "ipc_collect",
 )
 _CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of")
+# torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from
+# torch.cuda.memory, a script may call either) and the memory-history API CUDA users reach for.
+_MEMORY_FORWARDED = _FORWARDED + ("_record_memory_history", "_snapshot", "_dump_snapshot")
+
+
+def _map_activities(activities):
+    """torch.profiler activities with ``ProfilerActivity.CUDA`` (bare or as a filter dict's key) replaced by
+    ``PrivateUse1`` (vnpu's), unless PrivateUse1 is already there; None stays None (torch's default: all
+    supported activities, vnpu's included)."""
+    if activities is None:
+        return None
+    from torch.profiler import ProfilerActivity
+
+    items = list(activities)
+    has_device = any(a is ProfilerActivity.PrivateUse1 or (isinstance(a, dict) and ProfilerActivity.PrivateUse1 in a)
+                     for a in items)
+    mapped = []
+    for a in items:
+        if a is ProfilerActivity.CUDA:
+            if not has_device:
+                mapped.append(ProfilerActivity.PrivateUse1)
+                has_device = True
+        elif isinstance(a, dict) and ProfilerActivity.CUDA in a:
+            d = {k: v for k, v in a.items() if k is not ProfilerActivity.CUDA}
+            if not has_device:
+                d[ProfilerActivity.PrivateUse1] = a[ProfilerActivity.CUDA]
+                has_device = True
+            mapped.append(d)
+        else:
+            mapped.append(a)
+    return mapped
 
 _saved: list[tuple[object, str, object]] = []
 _mode: _CudaToVnpu | None = None
@@ -181,6 +215,22 @@ def enable() -> torch.device:
     for name in _CLASSES:
         if hasattr(vnpu, name) and hasattr(cuda, name):
             _save(cuda, name, getattr(vnpu, name))
+    import torch.cuda.memory as cuda_memory
+
+    for name in _MEMORY_FORWARDED:
+        if hasattr(vnpu.memory, name) and hasattr(cuda_memory, name):
+            _save(cuda_memory, name, _forwarder(getattr(cuda_memory, name), getattr(vnpu.memory, name)))
+
+    # torch.profiler with ProfilerActivity.CUDA records vnpu's device activity (PrivateUse1) instead.
+    import torch.profiler.profiler as profiler
+
+    kineto_init = profiler._KinetoProfile.__init__
+
+    @functools.wraps(kineto_init)
+    def kineto_profile___init__(self, *args, activities=None, **kwargs):
+        kineto_init(self, *args, activities=_map_activities(activities), **kwargs)
+
+    _save(profiler._KinetoProfile, "__init__", kineto_profile___init__)
 
     autocast_init = autocast_mode.autocast.__init__
 
