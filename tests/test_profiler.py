@@ -235,6 +235,29 @@ def test_misuse_behaves_like_cpu_profiling(action, tmp_path):
     assert y.cpu().tolist() == [-1.0] * 4
 
 
+def _matmul_then_relu(x):
+    return (x @ x).relu()
+
+
+def test_export_stacks_with_device_time(tmp_path):
+    # torch 2.13 records Python stacks only with the verbose experimental config (on CPU too); then
+    # export_stacks("self_privateuse1_time_total") gives each stack its device time, as
+    # "self_cuda_time_total" does on CUDA (flame-graph input).
+    x = torch.randn(128, 128, device="vnpu")
+    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], with_stack=True,
+                 experimental_config=verbose) as p:
+        _matmul_then_relu(x)
+        torch.vnpu.synchronize()
+    path = tmp_path / "stacks.txt"
+    p.export_stacks(str(path), "self_privateuse1_time_total")
+    lines = path.read_text().splitlines()
+    mm = [ln for ln in lines if ln.rsplit(" ", 1)[0].endswith("_matmul_then_relu")]
+    assert mm and all(int(ln.rsplit(" ", 1)[1]) > 0 for ln in mm), lines
+    mm_op = next(e for e in p.events() if e.name == "aten::mm" and e.device_type == DeviceType.CPU)
+    assert int(mm_op.self_device_time_total) in {int(ln.rsplit(" ", 1)[1]) for ln in mm}, (mm, mm_op)
+
+
 def test_profile_memory_records_vnpu_allocations_and_frees(tmp_path):
     # As CUDA's allocator, vnpu's reports every block it hands out and takes back to the profiler.
     torch.vnpu.synchronize()
