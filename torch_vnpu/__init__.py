@@ -98,6 +98,9 @@ def _register() -> None:
     from . import _multiprocessing_reductions
 
     _multiprocessing_reductions._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
+    from . import _profiler_export
+
+    _profiler_export.install()  # a failed trace export raises OSError and keeps the trace
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
