@@ -68,6 +68,14 @@ def test_stream_race_missing_wait_stream():
     assert sanitized("missing_wait_stream", fix=True) == {"ok": 0.0}
 
 
+def test_launch_blocking_does_not_hide_races():
+    # VNPU_LAUNCH_BLOCKING waits after each launch; those waits are not the program's ordering, so the race is
+    # still reported (found by a break test: with both variables set, check 1 reported nothing).
+    r = sanitized("missing_wait_stream", fix=False, extra_env={"VNPU_LAUNCH_BLOCKING": "1"})
+    assert r.get("error") == "StreamRaceError", r
+    assert sanitized("missing_wait_stream", fix=True, extra_env={"VNPU_LAUNCH_BLOCKING": "1"}) == {"ok": 0.0}
+
+
 def test_stream_race_host_kernel_reads_side_stream():
     assert wrong_without_sanitizer("host_op_reads_side_stream")
     r = sanitized("host_op_reads_side_stream", fix=False)

@@ -22,7 +22,8 @@ bool kind_ok(void* dst, const void* src, vnpuMemcpyKind kind) {
 
 vnpuError_t finish(vnpuStream_st* s, bool wait) {
   if (!wait && !launch_blocking()) return vnpuSuccess;
-  if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
+  // Only a synchronous copy orders the host (Note [Launch blocking and the sanitizer]).
+  if (!s->wait_idle(/*interruptible=*/true, /*orders_host=*/wait)) return vnpuErrorInterrupted;
   return take_device_error(s->device);
 }
 

@@ -123,7 +123,9 @@ struct vnpuStream_st {
                    const vnpu::rt::TaskInfo& info = vnpu::rt::TaskInfo());
   // Blocks until completed == submitted at call. An interruptible wait may end
   // early (returns false) when the wait-interrupt hook asks it to.
-  bool wait_idle(bool interruptible = false);
+  // orders_host=false: a wait the program did not ask for (VNPU_LAUNCH_BLOCKING's after each launch); the
+  // sanitizer does not count it as ordering the host after the stream (Note [Launch blocking and the sanitizer]).
+  bool wait_idle(bool interruptible = false, bool orders_host = true);
   bool idle();
 };
 
