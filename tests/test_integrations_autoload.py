@@ -104,6 +104,8 @@ TRAINER = """
 """
 
 
+# Two Trainer runs in fresh interpreters (~32 s): `make test-slow`.
+@pytest.mark.slow
 def test_plain_trainer_picks_vnpu_and_matches_integrations_off_on_cpu():
     on = _last_json(_run(TRAINER))
     off = _last_json(_run(TRAINER, {"VNPU_INTEGRATIONS": "0"}))

@@ -80,6 +80,9 @@ def test_mnist_style_script_matches_cpu(tmp_path):
         assert run["tests"][-1][1] > 0.8 * 397  # it learned: > 80% of the 397 held-out digits
 
 
+# Two HF Trainer runs in fresh interpreters (~35 s): `make test-slow`; port mode's HF path stays covered by
+# test_port_mode_mappings_in_process and test_integrations_autoload.
+@pytest.mark.slow
 def test_hf_trainer_script_matches_cpu(tmp_path):
     pytest.importorskip("transformers")
     cpu = _script("hf_trainer_cuda.py", tmp_path, False, "--cpu", "--output-dir", str(tmp_path / "c"))
