@@ -1035,7 +1035,8 @@ DeviceCachingAllocator& device_allocator(DeviceIndex d) {
     for (DeviceIndex i = 0; i < device_count(); ++i) v->emplace_back(new DeviceCachingAllocator(i));
     return v;
   }();
-  check_device_index(d);
+  // Valid indices skip check_device_index's runtime calls (twice per op: malloc and free).
+  if (C10_UNLIKELY(d < 0 || static_cast<size_t>(d) >= all->size())) check_device_index(d);
   return *(*all)[d];
 }
 
@@ -1043,10 +1044,10 @@ DeviceCachingAllocator& device_allocator(DeviceIndex d) {
 // storages with such "simple" DataPtrs can be lazily cloned (copy-on-write,
 // torch._lazy_clone), which wraps the DataPtr and calls this deleter later.
 void delete_block(void* ptr) {
-  vnpuPointerAttributes attr{};
-  VNPU_CHECK(vnpuPointerGetAttributes(&attr, ptr));
-  TORCH_INTERNAL_ASSERT(attr.type == vnpuMemoryTypeDevice && attr.device >= 0);
-  device_allocator(static_cast<DeviceIndex>(attr.device)).free_ptr(ptr);
+  int device = -1;
+  VNPU_CHECK(vnpuPointerGetDevice(&device, ptr));
+  TORCH_INTERNAL_ASSERT(device >= 0, "vnpu caching allocator: freeing a pointer outside device memory ", ptr);
+  device_allocator(static_cast<DeviceIndex>(device)).free_ptr(ptr);
 }
 
 // Tensors may die during interpreter shutdown: the allocator is intentionally

@@ -11,7 +11,12 @@ namespace at::vnpu {
 
 TensorSpec spec_of(const Tensor& t) {
   TensorSpec s;
-  if (!t.defined()) return s;
+  spec_into(s, t);
+  return s;
+}
+
+void spec_into(TensorSpec& s, const Tensor& t) {
+  if (!t.defined()) return;
   s.defined = true;
   if (t.device().is_cpu()) {
     s.cpu_value = t;
@@ -29,7 +34,7 @@ TensorSpec spec_of(const Tensor& t) {
       if (t.unsafeGetTensorImpl()->is_wrapped_number()) v.unsafeGetTensorImpl()->set_wrapped_number(true);
       s.cpu_value = std::move(v);
     }
-    return s;
+    return;
   }
   const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   s.storage_base = const_cast<void*>(st->data_ptr().get());
@@ -41,7 +46,6 @@ TensorSpec spec_of(const Tensor& t) {
   s.conj = t.is_conj();
   s.neg = t.is_neg();
   s.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
-  return s;
 }
 
 void materialize_for_write(const Tensor& t) {

@@ -32,6 +32,9 @@ struct TensorSpec {
 
 // Snapshot of `t` (vnpu tensor, CPU 0-dim tensor, or undefined).
 TensorSpec spec_of(const Tensor& t);
+// The same, written into a default-constructed `s` in place (no move of the
+// inline sizes/strides: the launch path builds several per op).
+void spec_into(TensorSpec& s, const Tensor& t);
 
 // Note [Copy-on-write storages]
 // torch._lazy_clone shares device memory between storages until one is

@@ -1,6 +1,7 @@
 #include "Executor.h"
 
 #include "CpuAlias.h"
+#include "Factory.h"
 #include "HostOpenMP.h"
 #include "Interrupts.h"
 #include "OpPolicies.h"
@@ -172,6 +173,7 @@ struct OpInfo {
   OutKernel out_kernel = nullptr;             // else an out kernel (OutKernels.h)
   std::vector<int> return_arg;       // per return: index of the mutable arg it aliases, or -1
   std::vector<bool> mutable_arg;     // per argument
+  std::vector<bool> index_arg;       // per argument: named index/indices (must be integral)
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
@@ -240,6 +242,7 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   info.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   for (const auto& a : schema.arguments()) info.mutable_arg.push_back(a.alias_info() && a.alias_info()->isWrite());
   for (bool b : info.mutable_arg) info.any_mutable |= b;
+  for (const auto& a : schema.arguments()) info.index_arg.push_back(a.name() == "index" || a.name() == "indices");
   bool view = false, data_dependent_return = false;
   for (const auto& r : schema.returns()) {
     int idx = -1;
@@ -449,8 +452,8 @@ void generator_slot(Slot& s, const IValue& g, DeviceIndex dev, int64_t numel) {
   s.seed = philox_seed(seed, offset);
 }
 
-Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64_t numel) {
-  Slot s;
+// Fills a default-constructed slot in place (Slot moves copy inline specs).
+void fill_slot(Slot& s, const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64_t numel) {
   auto kind = arg.type()->kind();
   if (kind == c10::TypeKind::OptionalType) kind = arg.type()->cast<c10::OptionalType>()->getElementType()->kind();
   if (kind == c10::TypeKind::GeneratorType) {
@@ -458,10 +461,10 @@ Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64
     generator_slot(s, v, dev, numel);
   } else if (v.isTensor()) {
     s.kind = Slot::Tensor;
-    s.specs.push_back(spec_of(v.toTensor()));
+    spec_into(s.specs.emplace_back(), v.toTensor());
   } else if (v.isTensorList()) {
     s.kind = Slot::TensorList;
-    for (const auto& t : v.toTensorList()) s.specs.push_back(spec_of(t));
+    for (const auto& t : v.toTensorList()) spec_into(s.specs.emplace_back(), t);
   } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
     s.kind = Slot::OptTensorList;
     for (const IValue& e : v.toListRef()) s.specs.push_back(spec_of(e.isTensor() ? e.toTensor() : Tensor()));
@@ -470,6 +473,11 @@ Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64
   } else {
     s.value = v;
   }
+}
+
+Slot make_slot(const IValue& v, const c10::Argument& arg, DeviceIndex dev, int64_t numel) {
+  Slot s;
+  fill_slot(s, v, arg, dev, numel);
   return s;
 }
 
@@ -1094,8 +1102,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   for (size_t i = 0; i < n; ++i) {
     if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
-    const auto& name = schema.arguments()[i].name();
-    if (t.numel() == 0 || ((name == "index" || name == "indices") && !isIntegralType(t.scalar_type(), true)))
+    if (t.numel() == 0 || (info.index_arg[i] && !isIntegralType(t.scalar_type(), true)))
       return run_sync(op, info, stack, dev);
   }
   MetaQuery q = infer_meta(op, info, args);
@@ -1135,14 +1142,14 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   plan->mutable_arg = &info.mutable_arg;
   const int64_t numel = max_numel(args);
   plan->args.reserve(n);
-  for (size_t i = 0; i < n; ++i) plan->args.push_back(make_slot(args[i], schema.arguments()[i], dev, numel));
+  for (size_t i = 0; i < n; ++i) fill_slot(plan->args.emplace_back(), args[i], schema.arguments()[i], dev, numel);
   // The kernel sets these bits on its CPU aliases itself (as on CPU); the
   // vnpu tensors take them once the task is planned.
   for (const auto& [i, m] : meta->mutated) set_lazy_bits(args[i].toTensor(), m);
 
   auto alloc = [&](const TensorMeta& m) {
     if (!m.defined) return Tensor();
-    return at::empty_strided(m.sizes, m.strides, TensorOptions().dtype(m.dtype).device(Device(kVNPU, dev)));
+    return empty_strided_on_current_device(m.sizes, m.strides, m.dtype);  // the guard of executor_fallback
   };
   std::vector<IValue> results;
   results.reserve(schema.returns().size());
@@ -1152,13 +1159,13 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
       results.push_back(args[info.return_arg[r]]);
       continue;
     }
-    Slot out;
+    Slot& out = plan->outs.emplace_back();
     if (meta->return_is_list[r]) {
       c10::List<Tensor> l;
       out.kind = Slot::TensorList;
       for (const auto& m : meta->returns[r]) {
         Tensor t = alloc(m);
-        out.specs.push_back(spec_of(t));
+        spec_into(out.specs.emplace_back(), t);
         set_lazy_bits(t, m);
         l.push_back(std::move(t));
       }
@@ -1166,11 +1173,10 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     } else {
       Tensor t = meta->returns[r].empty() ? Tensor() : alloc(meta->returns[r][0]);
       out.kind = Slot::Tensor;
-      out.specs.push_back(spec_of(t));
+      spec_into(out.specs.emplace_back(), t);
       if (t.defined()) set_lazy_bits(t, meta->returns[r][0]);
       results.emplace_back(std::move(t));
     }
-    plan->outs.push_back(std::move(out));
   }
   // out= kernels need every output; optional outputs the op leaves undefined
   // (e.g. convolution_backward's output_mask) take the functional kernel.

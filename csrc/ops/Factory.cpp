@@ -56,6 +56,17 @@ Tensor empty_memory_format(IntArrayRef size, std::optional<ScalarType> dtype, st
   return t;
 }
 
+}  // namespace
+
+Tensor empty_strided_on_current_device(IntArrayRef size, IntArrayRef stride, ScalarType dtype) {
+  Tensor t = at::detail::empty_strided_generic(size, stride, c10::vnpu::allocator::get(),
+                                               DispatchKeySet(DispatchKey::PrivateUse1), dtype);
+  if (fill_uninitialized_memory()) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
+namespace {
+
 Tensor empty_strided(IntArrayRef size, IntArrayRef stride, std::optional<ScalarType> dtype,
                      std::optional<Layout> layout, std::optional<Device> device, std::optional<bool> pin_memory) {
   const Device d = c10::device_or_default(device);
@@ -63,10 +74,7 @@ Tensor empty_strided(IntArrayRef size, IntArrayRef stride, std::optional<ScalarT
               "vnpu supports only strided tensors, but got layout ", c10::layout_or_default(layout));
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(d);
-  Tensor t = at::detail::empty_strided_generic(size, stride, c10::vnpu::allocator::get(),
-                                               DispatchKeySet(DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
-  if (fill_uninitialized_memory()) at::native::fill_empty_deterministic_(t);
-  return t;
+  return empty_strided_on_current_device(size, stride, c10::dtype_or_default(dtype));
 }
 
 const Tensor& resize_(const Tensor& self, c10::SymIntArrayRef size, std::optional<MemoryFormat> memory_format) {

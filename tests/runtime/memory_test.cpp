@@ -321,6 +321,23 @@ TEST_F(MemoryTest, PointerAttributesOfDeviceMemory) {
   EXPECT_EQ(a.size, 3 * kPage);
 }
 
+TEST_F(MemoryTest, PointerGetDeviceNamesTheOwningDevice) {
+  DeviceBuffer d(3 * kPage);
+  int dev = -2;
+  ASSERT_EQ(vnpuPointerGetDevice(&dev, d.as<char>() + 2 * kPage + 17), vnpuSuccess);
+  EXPECT_EQ(dev, 0);
+  int host = 0;
+  ASSERT_EQ(vnpuPointerGetDevice(&dev, &host), vnpuSuccess);
+  EXPECT_EQ(dev, -1);
+  EXPECT_EQ(vnpuPointerGetDevice(nullptr, d.get()), vnpuErrorInvalidValue);
+  if (device_count_ < 2) return;
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  DeviceBuffer d1(64);
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
+  ASSERT_EQ(vnpuPointerGetDevice(&dev, d1.get()), vnpuSuccess);
+  EXPECT_EQ(dev, 1);
+}
+
 TEST_F(MemoryTest, PointerAttributesOfOtherDevice) {
   VNPU_REQUIRE_DEVICES(2);
   ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);

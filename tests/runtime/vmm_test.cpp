@@ -108,6 +108,9 @@ TEST_F(VmmTest, ReservationIsAlignedAddressSpaceOnly) {
   vnpuPointerAttributes attr{};
   ASSERT_EQ(vnpuPointerGetAttributes(&attr, va), vnpuSuccess);
   EXPECT_EQ(attr.type, vnpuMemoryTypeUnregistered) << "nothing is mapped yet";
+  int dev = -2;
+  ASSERT_EQ(vnpuPointerGetDevice(&dev, va), vnpuSuccess);
+  EXPECT_EQ(dev, -1) << "a reservation without a mapping is no device memory";
   EXPECT_EQ(vnpuMemAddressFree(va, g), vnpuErrorInvalidValue) << "only whole reservations";
   EXPECT_EQ(vnpuMemAddressFree(va, 1024 * g), vnpuSuccess);
   EXPECT_EQ(vnpuMemAddressFree(va, 1024 * g), vnpuErrorInvalidValue) << "already freed";
@@ -202,6 +205,9 @@ TEST_F(VmmTest, MappedMemoryIsDeviceMemoryForCopiesAndAttributes) {
   EXPECT_EQ(attr.device, 1);
   EXPECT_EQ(attr.base, va);
   EXPECT_EQ(attr.size, 2 * g);
+  int dev = -2;
+  ASSERT_EQ(vnpuPointerGetDevice(&dev, static_cast<char*>(va) + g + 5), vnpuSuccess);
+  EXPECT_EQ(dev, 1) << "a mapping's device is its handle's";
   // Device-to-device copy from a vnpuMalloc block of device 0 into the mapping.
   DeviceBuffer src(4096);
   ASSERT_TRUE(RoundTrip(src.get(), 4096, 0x11));

@@ -191,6 +191,12 @@ vnpuError_t vnpuFreeHost(void* ptr) {
   return vnpuSuccess;
 }
 
+vnpuError_t vnpuPointerGetDevice(int* device, const void* ptr) {
+  if (device == nullptr) return vnpuErrorInvalidValue;
+  *device = device_of(ptr);  // a range test per device first; VMM and IPC mappings after
+  return vnpuSuccess;
+}
+
 vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* ptr) {
   if (attr == nullptr) return vnpuErrorInvalidValue;
   *attr = {vnpuMemoryTypeUnregistered, -1, nullptr, 0};

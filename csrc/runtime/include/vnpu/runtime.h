@@ -161,6 +161,11 @@ vnpuError_t vnpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 vnpuError_t vnpuMallocHost(void** ptr, size_t size);
 vnpuError_t vnpuFreeHost(void* ptr);
 vnpuError_t vnpuPointerGetAttributes(vnpuPointerAttributes* attr, const void* ptr);
+// The device whose memory holds ptr (device memory, VMM-mapped or IPC-mapped),
+// or -1 for any other pointer, without vnpuPointerGetAttributes' allocation
+// lookup (cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL): what a
+// deleter needs per free.
+vnpuError_t vnpuPointerGetDevice(int* device, const void* ptr);
 
 // Streams. Priorities: lower number = higher priority, range [-1, 0].
 vnpuError_t vnpuDeviceGetStreamPriorityRange(int* least, int* greatest);
