@@ -6,8 +6,9 @@
 // registers vnpu's runner when torch_vnpu is loaded. The generated model (built
 // by torch_vnpu/_inductor/cpp_wrapper.py in AOT mode) has the execution model
 // of the JIT C++ wrapper: buffers from the caching allocator, extern kernels
-// through the dispatcher (AOTInductor's proxy executor) as vnpu ops, fused
-// kernels enqueued on the current vnpu stream. Two things differ:
+// through the dispatcher as vnpu ops (boxed c10::Dispatcher calls, and
+// AOTInductor's proxy executor for ATen fallbacks), fused kernels enqueued on
+// the current vnpu stream. Two things differ:
 // * The model .so has no Python, so it cannot import the launch API capsule,
 //   and dlsym(RTLD_DEFAULT) cannot find torch_vnpu's symbols either: Python
 //   loads extension modules with RTLD_LOCAL. The runner hands the API to the
@@ -17,8 +18,9 @@
 //   model) knows the devices cpu/cuda/xpu/mps only, so the container is
 //   created as a CPU model: it loads the package's weights as CPU tensors (the
 //   constant blob). The runner copies each to the model's vnpu device once,
-//   owns the copies, and hands the model a table from each CPU weight's data
-//   pointer to its vnpu copy, which the model's code uses instead.
+//   owns the copies, and hands the model a table of them by constant index,
+//   which the model's code uses instead (checking that the CPU weight it
+//   replaces is still the one that was copied).
 #include "KernelLaunch.h"
 
 #include "../core/VNPUFunctions.h"
@@ -36,8 +38,10 @@ namespace at::vnpu {
 namespace {
 
 // Exported by every vnpu AOTInductor model: stores the launch API, the model's
-// vnpu device and the table of its weights (cpu_data[i] -> the AtenTensorHandle
-// vnpu[i]; the arrays and handles are borrowed until the runner is destroyed); returns nullptr or an error message.
+// vnpu device and its weights by constant index (vnpu[i]: the AtenTensorHandle of
+// the vnpu copy of constant i, whose CPU data was at cpu_data[i]; the arrays and
+// handles are borrowed until the runner is destroyed). Returns nullptr or an
+// error message.
 using AttachFn = const char* (*)(const void* api, int api_version, long device, size_t num_constants,
                                  void* const* cpu_data, void* const* vnpu);
 
@@ -51,8 +55,23 @@ class AOTIModelContainerRunnerVnpu : public torch::inductor::AOTIModelContainerR
     TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, "vnpu's AOTInductor runner got device ", device_str);
     const DeviceIndex index = device.has_index() ? device.index() : c10::vnpu::current_device();
     c10::vnpu::check_device_index(index);
-    // The weights on vnpu, with the CPU weights' sizes and strides (the model's code assumes them).
-    for (const auto& [name, cpu] : extract_constants_map(/*use_inactive=*/false)) {
+    // The weights on vnpu, in the model's constant order, with the CPU weights' sizes and strides (the model's
+    // code assumes them). Constants the container does not hold (folded ones) get no copy.
+    const auto cpu_weights = extract_constants_map(/*use_inactive=*/false);  // by original FQN
+    size_t num_constants = 0;
+    TORCH_CHECK(get_num_constants_func_(container_handle_, &num_constants) == 0,  // AOTI_RUNTIME_SUCCESS
+                "AOTInductorModelContainerGetNumConstants failed");
+    for (size_t i = 0; i < num_constants; ++i) {
+      const char* fqn = nullptr;
+      TORCH_CHECK(get_constant_original_fqn_func_(container_handle_, i, &fqn) == 0,  // AOTI_RUNTIME_SUCCESS
+                  "AOTInductorModelContainerGetConstantOriginalFQN failed");
+      const auto it = cpu_weights.find(fqn);
+      if (it == cpu_weights.end()) {
+        cpu_data_.push_back(nullptr);
+        vnpu_.push_back(nullptr);
+        continue;
+      }
+      const at::Tensor& cpu = it->second;
       at::Tensor copy = at::empty_strided(cpu.sizes(), cpu.strides(),
                                           cpu.options().device(c10::Device(c10::DeviceType::PrivateUse1, index)));
       copy.copy_(cpu);

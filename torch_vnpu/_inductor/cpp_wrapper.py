@@ -15,7 +15,7 @@ docs/ARCHITECTURE.md, "How a compiled graph reaches the stream"):
   outside stream order: a vnpu graph never calls them;
 * each fused C++ kernel of a vnpu node is enqueued on the current stream of the
   graph's device, with its arguments captured by value in a lambda
-  (:data:`_RUNTIME`), through ``InductorLaunchApi::launch_without_gil``
+  (:data:`_RUNTIME_HEAD`), through ``InductorLaunchApi::launch_without_gil``
   (csrc/inductor/KernelLaunch.h); kernels of CPU nodes run on the host, as in
   the Python wrapper. Under ``VNPU_SANITIZE`` each launch first declares its
   vnpu pointer arguments' tensors (``declare_access``; a ``const`` pointer
@@ -27,8 +27,13 @@ Errors: a launch error (bad device; a kernel's own error under
 like eager's (:class:`VnpuCppWrapperCodeCache`). Kernel errors otherwise are
 the runtime's sticky errors, naming the kernel and its graph.
 
-AOTInductor (``aoti_compile_and_package``) is not supported on vnpu: it
-raises NotImplementedError.
+AOTInductor (``aoti_compile_and_package``, :mod:`.aoti`) generates the same code in AOT
+mode, with three differences (Note [AOTInductor on vnpu] in
+csrc/inductor/AotiRunner.cpp): vnpu's model runner hands the launch API to the
+model (``torch_vnpu_aoti_attach``: no Python, no capsule); the model's runtime is a
+CPU one, so its weights load as CPU tensors and the graph uses the runner's vnpu
+copies (``weight()``); launch errors are C++ exceptions, which AOTInductor's runner
+raises as RuntimeError.
 """
 
 from __future__ import annotations
@@ -111,7 +116,7 @@ _RUNTIME_AOT = r"""
 // The vnpu device the package was loaded for (aoti_load_package's device_index, or the current device).
 static long device_index = -1;
 
-// The model's weights: vnpu copies (owned by the runner) of the CPU constants, by CPU data pointer.
+// The model's weights by constant index: vnpu copies (owned by the runner) of the CPU constants.
 static size_t num_weights = 0;
 static void* const* weights_cpu = nullptr;
 static void* const* weights_vnpu = nullptr;
@@ -123,15 +128,13 @@ static inline void init() {
   }
 }
 
-// The vnpu copy of the weight `cpu` (a CPU constant of the model).
-static inline torch::aot_inductor::ConstantHandle weight(const torch::aot_inductor::ConstantHandle& cpu) {
-  for (size_t i = 0; i < num_weights; ++i) {
-    if (weights_cpu[i] == cpu.data_ptr()) {
-      return torch::aot_inductor::ConstantHandle(static_cast<AtenTensorHandle>(weights_vnpu[i]));
-    }
+// The vnpu copy of constant `index`, `cpu` (the model's CPU weight).
+static inline torch::aot_inductor::ConstantHandle weight(size_t index, const torch::aot_inductor::ConstantHandle& cpu) {
+  if (index >= num_weights || weights_vnpu[index] == nullptr || weights_cpu[index] != cpu.data_ptr()) {
+    throw std::runtime_error("a weight of this vnpu AOTInductor model changed after loading "
+                             "(update_constant_buffer is not supported on vnpu): load the package again");
   }
-  throw std::runtime_error("a weight of this vnpu AOTInductor model changed after loading "
-                           "(update_constant_buffer is not supported on vnpu): load the package again");
+  return torch::aot_inductor::ConstantHandle(static_cast<AtenTensorHandle>(weights_vnpu[index]));
 }
 
 // The device guard of run_impl: the device the package was loaded for. The model runs on that device's
@@ -317,7 +320,7 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
             return super()._write_constants_unpacking()
         # AOTInductor: the model's constants are CPU tensors; the graph uses their vnpu copies.
         for idx, name in enumerate(V.graph.constants.keys()):
-            self.prefix.writeline(f"[[maybe_unused]] auto {name} = torch_vnpu_cpp_wrapper::weight(constants_->at({idx}));")
+            self.prefix.writeline(f"[[maybe_unused]] auto {name} = torch_vnpu_cpp_wrapper::weight({idx}, constants_->at({idx}));")
 
     def codegen_model_constructor(self) -> None:
         # AOTInductor: the model is a CPU model whose weights load as CPU tensors (the runner copies them to
