@@ -42,6 +42,86 @@ def free_without_record_stream(fix: bool):
     return out.cpu(), expected
 
 
+def _read_on_side_then_drop(fix: bool):
+    main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
+    v = values()
+    x = v.to("vnpu")
+    side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(BUSY_NS)
+        out = x * 2
+    if fix:
+        x.record_stream(side)
+    del x
+    return out, v * 2
+
+
+def free_without_record_stream_no_reuse(fix: bool):
+    """A tensor made on the default stream, read on a side stream, dropped with nothing reusing its block
+    before the program synchronizes: right by luck, a race all the same (the caching allocator may hand the
+    block to the default stream's next allocation at the free). Fix: record_stream."""
+    out, expected = _read_on_side_then_drop(fix)
+    torch.vnpu.synchronize()  # the next vnpu call: a free cannot raise, the report comes here
+    return out.cpu(), expected
+
+
+def free_race_reader_result(fix: bool):
+    """The same with its report caught: the side stream's read still sees the tensor's values (the
+    sanitizer's poison fill of the freed block waits for it)."""
+    out, expected = _read_on_side_then_drop(fix)
+    try:
+        torch.vnpu.synchronize()
+    except torch.vnpu.sanitizer.StreamRaceError:
+        if fix:
+            raise
+    return out.cpu(), expected
+
+
+def strided_slices_from_two_streams(fix: bool):
+    """Two side streams write the channel halves out[:, :16] and out[:, 16:] of an NCHW tensor: disjoint,
+    interleaved in memory, so no ordering is needed between them (a correct program). `fix` = False makes
+    the second slice overlap the first by one channel (out[:, 15:]): a real race."""
+    main = torch.vnpu.current_stream()
+    s1, s2 = torch.vnpu.Stream(), torch.vnpu.Stream()
+    out = torch.zeros(2, 32, 8, 8, device="vnpu")
+    expected = torch.zeros(2, 32, 8, 8)
+    s1.wait_stream(main)
+    s2.wait_stream(main)
+    lo = 16 if fix else 15
+    with torch.vnpu.stream(s1):
+        torch.vnpu._sleep(BUSY_NS // 5)
+        out[:, :16].fill_(1.0)
+    with torch.vnpu.stream(s2):
+        out[:, lo:].fill_(2.0)
+    expected[:, :16] = 1.0
+    expected[:, lo:] = 2.0
+    main.wait_stream(s1)
+    main.wait_stream(s2)
+    return out.cpu(), expected
+
+
+def column_blocks_from_two_streams(fix: bool):
+    """The same with the column blocks m[:, :8] and m[:, 8:] of a matrix, read back by a third stream.
+    `fix` = False: the reader skips waiting for the second writer."""
+    main = torch.vnpu.current_stream()
+    s1, s2, s3 = torch.vnpu.Stream(), torch.vnpu.Stream(), torch.vnpu.Stream()
+    m = torch.zeros(64, 24, device="vnpu")
+    s1.wait_stream(main)
+    s2.wait_stream(main)
+    with torch.vnpu.stream(s1):
+        m[:, :8].add_(3.0)
+    with torch.vnpu.stream(s2):
+        torch.vnpu._sleep(BUSY_NS // 5)
+        m[:, 8:].add_(4.0)
+    s3.wait_stream(s1)
+    if fix:
+        s3.wait_stream(s2)
+    with torch.vnpu.stream(s3):
+        total = m.sum(dim=0)
+    main.wait_stream(s3)
+    return total.cpu(), torch.tensor([3.0 * 64] * 8 + [4.0 * 64] * 16)
+
+
 def missing_wait_stream(fix: bool):
     """A side stream reads what the default stream is still producing. Fix: wait_stream."""
     main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
@@ -106,6 +186,24 @@ def nonblocking_copy_read_early(fix: bool):
     return got, v * 2
 
 
+def pinned_staging_rewritten(fix: bool):
+    """One pinned staging buffer refilled by the host for each batch while the previous non_blocking
+    upload may still be queued (the stream is busy): the device gets later batches' values. Fix:
+    synchronize the stream before refilling the buffer."""
+    staging = torch.empty(N, dtype=torch.float32, pin_memory=True)
+    torch.vnpu._sleep(BUSY_NS // 5)
+    uploads, expected = [], []
+    for _ in range(3):
+        v = values()
+        staging.copy_(v)  # host write
+        uploads.append(staging.to("vnpu", non_blocking=True))
+        expected.append(v)
+        if fix:
+            torch.vnpu.current_stream().synchronize()
+    got = torch.cat([u.cpu() for u in uploads])
+    return got, torch.cat(expected)
+
+
 def graph_replay_race(fix: bool):
     """A side stream writes a graph's static input while a replay on the default stream reads it, with
     nothing ordering the two. Fix: the replaying stream waits for the side stream (wait_stream or an event)."""
@@ -132,8 +230,11 @@ def graph_replay_race(fix: bool):
     return torch.cat([first, static_y.cpu()]), torch.cat([v * 2, (v + 1) * 2])
 
 
-CASES = {f.__name__: f for f in (free_without_record_stream, missing_wait_stream, host_op_reads_side_stream,
-                                 use_after_free, nonblocking_copy_read_early, graph_replay_race)}
+CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record_stream_no_reuse,
+                                 free_race_reader_result, strided_slices_from_two_streams,
+                                 column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
+                                 use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
+                                 graph_replay_race)}
 
 
 def main() -> None:

@@ -153,6 +153,13 @@ size_t round_to_division(size_t size, size_t divisions) {
 
 std::mutex g_observers_mu;  // guards g_oom_observers
 std::atomic<c10::CachingDeviceAllocator::CreateContextFn> g_sanitizer_recorder{nullptr};  // setSanitizerRecorder
+std::mutex g_free_race_mu;  // guards the two below (takeSanitizerFreeRace)
+std::shared_ptr<c10::GatheredContext> g_free_race_allocated, g_free_race_dropped;
+void note_free_race(std::shared_ptr<c10::GatheredContext> allocated, std::shared_ptr<c10::GatheredContext> dropped) {
+  std::lock_guard<std::mutex> g(g_free_race_mu);
+  g_free_race_allocated = std::move(allocated);
+  g_free_race_dropped = std::move(dropped);
+}
 
 // The runtime's sanitizer flag; fixed once the runtime is initialized, so then one relaxed load.
 bool sanitizing() {
@@ -880,8 +887,17 @@ class DeviceCachingAllocator {
     // own stream, so a late reader sees NaN, never the next owner's data. Not a graph's private pool:
     // its replays keep using the memory after the tensors die (Note [Graph memory pools]).
     if (sanitizing() && block->pool->owner == nullptr) {
+      Context allocated = std::move(block->sanitizer_context);
       block->sanitizer_context = nullptr;
-      VNPU_CHECK(vnpuSanitizerFree(block->ptr, block->size, block->stream));
+      const vnpuError_t e = vnpuSanitizerFree(block->ptr, block->size, block->stream);
+      if (e == vnpuErrorStreamRace) {
+        // Another stream used it without record_stream (Note [Frees without record_stream], runtime
+        // sanitizer.cpp): the runtime reports it at the next call; keep where it was allocated and dropped.
+        auto recorder = g_sanitizer_recorder.load();
+        note_free_race(std::move(allocated), recorder != nullptr ? recorder() : nullptr);
+      } else {
+        VNPU_CHECK(e);
+      }
     }
     BlockPool& pool = *block->pool;
     update(stats_.active, pool, 1, false);
@@ -1144,6 +1160,15 @@ bool isHistoryEnabled() { return device_count() > 0 && device_allocator(0).histo
 
 void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder) {
   g_sanitizer_recorder.store(recorder);
+}
+
+void takeSanitizerFreeRace(std::shared_ptr<c10::GatheredContext>* allocated,
+                           std::shared_ptr<c10::GatheredContext>* dropped) {
+  std::lock_guard<std::mutex> g(g_free_race_mu);
+  *allocated = std::move(g_free_race_allocated);
+  *dropped = std::move(g_free_race_dropped);
+  g_free_race_allocated = nullptr;
+  g_free_race_dropped = nullptr;
 }
 
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr) {

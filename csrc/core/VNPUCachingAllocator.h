@@ -75,6 +75,11 @@ void attachOutOfMemoryObserver(OutOfMemoryObserver observer);
 // gathers `recorder`'s context (where it was allocated; gathered before the allocator's lock), frees
 // are poisoned in stream order and reported to the runtime (vnpuSanitizerFree / vnpuSanitizerAlloc).
 void setSanitizerRecorder(c10::CachingDeviceAllocator::CreateContextFn recorder);
+// The block of the runtime's pending free race (a free vnpuSanitizerFree answered with
+// vnpuErrorStreamRace): where it was allocated and where it was freed (`recorder`'s contexts; null
+// when unknown). Takes them: a second call returns nulls.
+void takeSanitizerFreeRace(std::shared_ptr<c10::GatheredContext>* allocated,
+                           std::shared_ptr<c10::GatheredContext>* dropped);
 // The sanitizer context of the live block starting at `ptr` on `device`, or null.
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr);
 // The live block of `device` that contains `ptr` (anywhere inside it): its start and size in bytes.

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 
 namespace at::vnpu {
 namespace {
@@ -65,6 +66,26 @@ int launch_kernel_without_gil(const char* name, long device, void (*run)(void*),
   }
 }
 
+// The message of the last failed launch_or_error on this thread.
+thread_local std::string t_error;
+
+const char* launch_or_error(const char* name, long device, void (*run)(void*), void* args, void (*destroy)(void*)) {
+  std::shared_ptr<void> owned(args, destroy);
+  try {
+    sanitizer::Accesses acc = std::move(t_pending);  // declare_access's
+    t_pending = sanitizer::Accesses();
+    enqueue(name, device, run, std::move(owned), &acc);
+    return nullptr;
+  } catch (const c10::Error& e) {
+    t_pending = sanitizer::Accesses();
+    t_error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    t_pending = sanitizer::Accesses();
+    t_error = e.what();
+  }
+  return t_error.c_str();
+}
+
 int host_scalar(PyObject* obj, void* dst, size_t capacity, int writes) {
   try {
     TORCH_CHECK_TYPE(THPVariable_Check(obj), "a vnpu kernel expected a tensor argument, but got ",
@@ -105,7 +126,7 @@ int declare_access(void* tensor, int writes) {
 
 const InductorLaunchApi* inductor_launch_api() {
   static const InductorLaunchApi api{kInductorLaunchApiVersion, &launch_kernel, &host_scalar,
-                                     &launch_kernel_without_gil, &declare_access};
+                                     &launch_kernel_without_gil, &declare_access, &launch_or_error};
   return &api;
 }
 

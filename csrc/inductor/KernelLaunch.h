@@ -56,9 +56,14 @@ struct InductorLaunchApi {
   // launch_without_gil on this thread, written if `writes`; a no-op otherwise
   // (one relaxed load). Returns 0.
   int (*declare_access)(void* tensor, int writes);
+  // As launch_without_gil, for AOTInductor models (Note [AOTInductor on vnpu]
+  // in AotiRunner.cpp), which may run without Python: returns nullptr, or on
+  // failure the error message (valid until the next call on this thread).
+  const char* (*launch_or_error)(const char* name, long device, void (*run)(void*), void* args,
+                                 void (*destroy)(void*));
 };
 
-constexpr int kInductorLaunchApiVersion = 4;
+constexpr int kInductorLaunchApiVersion = 5;
 
 const InductorLaunchApi* inductor_launch_api();
 

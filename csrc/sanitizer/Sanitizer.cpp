@@ -12,6 +12,8 @@
 
 #include <Python.h>
 
+#include <c10/util/SmallVector.h>
+
 #include <algorithm>
 #include <sstream>
 
@@ -177,8 +179,69 @@ std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
   return m.str();
 }
 
+// Where `ctx` (an AllocationSite) was gathered, as " by 'op' at:\n<stack>" (or ".").
+std::string site_of(const std::shared_ptr<c10::GatheredContext>& ctx) {
+  auto* site = dynamic_cast<AllocationSite*>(ctx.get());
+  if (site == nullptr) return "";
+  const std::string stack = format_stack(site->stack);
+  std::string out = (site->op.empty() ? std::string() : " by '" + site->op + "'") +
+                    (stack.empty() ? std::string(".") : " at:\n" + stack);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// A free checked like a write (Note [Frees without record_stream], runtime sanitizer.cpp), reported later.
+std::string describe_free_race(const char* op, const vnpuSanitizerReport& r) {
+  std::shared_ptr<c10::GatheredContext> allocated, dropped;
+  c10::vnpu::allocator::takeSanitizerFreeRace(&allocated, &dropped);
+  const std::string freer = stream_name(r.freed_on), there = stream_name(r.other_stream);
+  std::ostringstream m;
+  m << "vNPU sanitizer: stream race at a free: the tensor memory of " << r.bytes << " bytes at " << r.ptr
+    << " was freed on " << freer << " (its tensor dropped without record_stream) while '" << r.other_name << "' on "
+    << there << " (its task #" << r.other_position << ") " << (r.other_write ? "writes" : "reads")
+    << " it, and nothing orders that stream before the free (no record_stream, event, wait_stream or synchronize). "
+       "The caching allocator hands the memory to the next allocation on "
+    << freer << " at once, which overwrites it while " << there
+    << " may still use it. This is reported by ordering, not timing: on a real accelerator the result depends on "
+       "which stream runs first.";
+  const std::string a = site_of(allocated), d = site_of(dropped);
+  if (!a.empty()) m << "\nThe tensor was allocated" << a;
+  if (!d.empty()) m << "\nIt was freed" << d;
+  const char* name = op != nullptr ? op : r.name.c_str();
+  m << "\nA free cannot raise: this is reported at the next vnpu call, '" << name << "'"
+    << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string())
+    << ". The sanitizer poisons the freed memory only after the work " << there << " had queued at the free.";
+  m << "\nFix: call t.record_stream(s) for the side stream s before dropping the tensor t (the caching allocator then "
+       "waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
+       "event recorded on s that "
+    << freer << " waits for before the tensor is dropped).";
+  return m.str();
+}
+
+// Host code rewrote the source of a queued upload (Note [Pinned uploads], runtime sanitizer.cpp).
+std::string describe_pinned_rewrite(const char* op, const vnpuSanitizerReport& r) {
+  const std::string there = stream_name(r.other_stream);
+  std::ostringstream m;
+  m << "vNPU sanitizer: stream race on pinned memory: host code rewrote the pinned host memory of " << r.bytes
+    << " bytes at " << r.ptr << " (first changed byte at offset " << r.host_offset << ") that '" << r.other_name
+    << "' on " << there << " (its task #" << r.other_position
+    << "), a non_blocking copy to the device queued from it, reads, before the host waited for that copy. The "
+       "device gets the old or the new bytes depending on which runs first (a staging buffer refilled for the next "
+       "batch while the previous upload is still queued).";
+  const char* name = op != nullptr ? op : r.name.c_str();
+  m << "\nFound at the host's first wait ordered after the copy and reported at the next vnpu call, '" << name << "'"
+    << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string()) << ".";
+  m << "\nFix: wait for the copy before the host writes the buffer again (s.synchronize() for the copying stream "
+       "s, or e = torch.vnpu.Event(); e.record(s) after the copy and e.synchronize() before the write), or give each "
+       "batch in flight its own pinned tensor (the pinned memory allocator reuses a block only after the copies that "
+       "used it are done).";
+  return m.str();
+}
+
 std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, const vnpuSanitizerReport& r) {
   if (err == vnpuErrorHostAccess) return describe_host_access(op, r);
+  if (r.deferred == 1) return describe_free_race(op, r);
+  if (r.deferred == 2) return describe_pinned_rewrite(op, r);
   std::ostringstream m;
   const std::string here = stream_name(r.stream), there = stream_name(r.other_stream);
   std::string tensor = "device memory";
@@ -274,21 +337,63 @@ bool enabled_slow() {
   return on;
 }
 
+// Note [Strided accesses] (runtime sanitizer.cpp): a view whose elements form equally spaced rows (a
+// slice of a contiguous tensor along one dimension, a 2-D box, a column) is declared as those rows, so
+// streams writing disjoint interleaved slices of one tensor do not conflict. Contiguous views, and
+// views more complex than rows (3-level boxes, negative strides, x[::2, ::2]), are declared as their span.
 void Accesses::add(const void* base, size_t storage_nbytes, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                    int64_t storage_offset, c10::ScalarType dtype, int device, bool write, std::string what) {
   if (base == nullptr) return;
-  int64_t lo = 0, hi = 0;
+  int64_t lo = 0, hi = 0, numel = 1;
+  bool simple = true;  // no negative stride
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0) return;
+    numel *= sizes[i];
     const int64_t span = (sizes[i] - 1) * strides[i];
     (span < 0 ? lo : hi) += span;
+    if (span < 0) simple = false;
   }
   const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
   int64_t first = (storage_offset + lo) * item, last = (storage_offset + hi + 1) * item;
   first = std::max<int64_t>(first, 0);
   last = std::min<int64_t>(last, static_cast<int64_t>(storage_nbytes));
   if (last <= first) return;
-  acc_.push_back({static_cast<const char*>(base) + first, static_cast<size_t>(last - first), write ? 1 : 0});
+  vnpuMemAccess a{static_cast<const char*>(base) + first, static_cast<size_t>(last - first), write ? 1 : 0};
+  // Rows: the dims that matter (size > 1, stride != 0), outermost first, adjacent ones merged.
+  if (simple && numel > 1 && last - first > numel * item) {  // not dense: maybe rows
+    int64_t dim_size[2], dim_stride[2];
+    int n = 0;
+    c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;  // (stride, size)
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] > 1 && strides[i] != 0) dims.emplace_back(strides[i], sizes[i]);
+    }
+    std::sort(dims.begin(), dims.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    for (const auto& [st, sz] : dims) {
+      if (n > 0 && dim_stride[n - 1] == sz * st) {  // the previous (outer) dim continues this one
+        dim_size[n - 1] *= sz;
+        dim_stride[n - 1] = st;
+      } else if (n == 2) {
+        n = 3;  // more than rows: the span
+        break;
+      } else {
+        dim_size[n] = sz;
+        dim_stride[n++] = st;
+      }
+    }
+    int64_t row = 0, period = 0;
+    if (n == 1 && dim_stride[0] > 1) {  // single elements, equally spaced
+      row = item;
+      period = dim_stride[0] * item;
+    } else if (n == 2 && dim_stride[1] == 1 && dim_size[1] < dim_stride[0]) {  // rows of contiguous elements
+      row = dim_size[1] * item;
+      period = dim_stride[0] * item;
+    }
+    if (row > 0 && first == (storage_offset + lo) * item) {
+      a.row_bytes = static_cast<size_t>(row);
+      a.row_stride = static_cast<size_t>(period);
+    }
+  }
+  acc_.push_back(a);
   desc_.push_back({base, sizes.vec(), dtype, device, std::move(what)});
 }
 

@@ -4,6 +4,8 @@
 // process (the sanitizer must be on before initialization).
 #include "test_util.h"
 
+#include <cstring>
+
 using namespace vnpu_test;
 
 namespace {
@@ -127,6 +129,120 @@ VNPU_CHILD_SCENARIO(SanitizerGraphReplay) {
   return 0;
 }
 
+// Note [Frees without record_stream]: a free is a write by the freeing stream; another stream's
+// unordered use is reported at the next call, and the poison fill waits for that stream's work.
+VNPU_CHILD_SCENARIO(SanitizerFreeRace) {
+  vnpuStream_t a = nullptr, b = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamCreate(&b), vnpuSuccess);
+  float* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, 4096, a), vnpuSuccess);
+  vnpuEvent_t e = nullptr;
+  CHILD_CHECK_EQ(vnpuEventCreate(&e), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamWaitEvent(b, e, 0), vnpuSuccess);
+  float seen = -1.0f;
+  const vnpuMemAccess rd{p, 4096, 0};
+  CHILD_CHECK_EQ(vnpuLaunchKernelWithAccesses(b, "late reader", [p, &seen] {
+    std::this_thread::sleep_for(100ms);  // still running when `a` would poison the block
+    seen = p[7];
+  }, &rd, 1), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSanitizerFree(p, 4096, a), vnpuErrorStreamRace);  // freed all the same
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuErrorStreamRace);         // the next call reports it
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.deferred == 1 && r.freed_on == a && r.other_stream == b && r.other_name == "late reader");
+  CHILD_CHECK(r.ptr == p && r.bytes == 4096 && r.other_write == 0 && r.stream == a);
+  CHILD_CHECK(r.name == "vnpuStreamSynchronize");
+  CHILD_CHECK(seen == 0.0f);  // the poison fill on `a` waited for b's reader: it saw the values, not NaN
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);  // reported once
+  // Ordered before the free (an event recorded on b after its use, waited for by a): no race.
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);  // b's late read is history for the next owner
+  CHILD_CHECK_EQ(vnpuSanitizerAlloc(p, 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, 4096, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamWaitEvent(b, e, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(b, p, 4096, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, b), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamWaitEvent(a, e, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuSanitizerFree(p, 4096, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventDestroy(e), vnpuSuccess);
+  return 0;
+}
+
+// Note [Strided accesses]: row sets of one stride conflict only where their rows overlap.
+VNPU_CHILD_SCENARIO(SanitizerRows) {
+  vnpuStream_t a = nullptr, b = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamCreate(&b), vnpuSuccess);
+  char* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+  auto rows = [](vnpuStream_t s, char* start, size_t n_rows, size_t row, size_t stride, int write) {
+    vnpuMemAccess acc{start, (n_rows - 1) * stride + row, write};
+    acc.row_bytes = row;
+    acc.row_stride = stride;
+    return vnpuLaunchKernelWithAccesses(s, write ? "rows writer" : "rows reader", [] {}, &acc, 1);
+  };
+  CHILD_CHECK_EQ(rows(a, p, 64, 16, 64, 1), vnpuSuccess);        // bytes [0,16) of every 64
+  CHILD_CHECK_EQ(rows(b, p + 16, 64, 16, 64, 1), vnpuSuccess);   // [16,32): disjoint, interleaved
+  CHILD_CHECK_EQ(rows(b, p + 32, 63, 28, 64, 0), vnpuSuccess);   // [32,60): in a's gaps
+  CHILD_CHECK_EQ(rows(b, p + 48, 63, 24, 64, 0), vnpuErrorStreamRace);  // [48,72) reaches a's next row
+  CHILD_CHECK_EQ(Launch(b, p + 40, 8, 1), vnpuSuccess);          // a contiguous write inside a gap of a's rows
+  CHILD_CHECK_EQ(Launch(b, p + 64 * 10 + 32, 32, 0), vnpuSuccess);
+  CHILD_CHECK_EQ(rows(b, p + 8, 64, 16, 64, 0), vnpuErrorStreamRace);  // [8,24) overlaps a's [0,16)
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.other_stream == a && r.other_name == "rows writer");
+  CHILD_CHECK_EQ(Launch(b, p + 64 * 5 + 4, 4, 0), vnpuErrorStreamRace);  // inside one of a's rows
+  // Another stride: counted as overlapping wherever both touch a range (the fallback), though [32,48)
+  // of every 128 bytes misses a's rows.
+  CHILD_CHECK_EQ(rows(b, p + 32, 32, 16, 128, 1), vnpuErrorStreamRace);
+  CHILD_CHECK_EQ(rows(a, p + 16, 64, 8, 64, 0), vnpuErrorStreamRace);   // a reads what b wrote
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  CHILD_CHECK_EQ(Launch(a, p, 4096, 0), vnpuSuccess);
+  return 0;
+}
+
+// Note [Pinned uploads]: host code rewriting the source of a queued upload is found at the host's
+// first wait ordered after the copy, whether or not the copy ran before the write.
+VNPU_CHILD_SCENARIO(SanitizerPinnedUpload) {
+  vnpuStream_t a = nullptr;
+  CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
+  char* h = nullptr;
+  char* p = nullptr;
+  CHILD_CHECK_EQ(vnpuMallocHost(reinterpret_cast<void**>(&h), 4096), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
+  std::memset(h, 1, 4096);
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(p, h, 4096, vnpuMemcpyHostToDevice, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);  // ordered: the host may write now
+  h[100] = 2;
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(p, h, 4096, vnpuMemcpyHostToDevice, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);  // the copy ran long before the write below
+  h[200] = 3;
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(p, h, 4096, vnpuMemcpyHostToDevice, a), vnpuSuccess);
+  std::this_thread::sleep_for(20ms);  // the copy has run: still a race by ordering
+  h[300] = 4;                         // the host refills the buffer without waiting
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuErrorStreamRace);
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.deferred == 2 && r.ptr == h && r.bytes == 4096 && r.host_offset == 300);
+  CHILD_CHECK(r.other_stream == a && r.other_name == "memcpy HtoD" && r.name == "vnpuStreamSynchronize");
+  CHILD_CHECK_EQ(vnpuStreamSynchronize(a), vnpuSuccess);  // reported once
+  // An event recorded after the copy and waited for orders the host too.
+  vnpuEvent_t e = nullptr;
+  CHILD_CHECK_EQ(vnpuEventCreate(&e), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemcpyAsync(p, h, 4096, vnpuMemcpyHostToDevice, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventRecord(e, a), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventSynchronize(e), vnpuSuccess);
+  h[400] = 5;
+  CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuEventDestroy(e), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuFreeHost(h), vnpuSuccess);
+  return 0;
+}
+
 VNPU_CHILD_SCENARIO(SanitizerEnableAfterInit) {
   CHILD_CHECK_EQ(vnpuSanitizerIsEnabled(), 0);
   CHILD_CHECK_EQ(vnpuInit(0), vnpuSuccess);
@@ -149,6 +265,18 @@ TEST(SanitizerTest, OrderingByStreamsEventsAndHostWaits) {
 
 TEST(SanitizerTest, FreedMemoryIsPoisonedAndRefused) {
   EXPECT_EQ(RunScenario("SanitizerFree", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, FreeUnorderedWithAnotherStreamsUseIsReportedLater) {
+  EXPECT_EQ(RunScenario("SanitizerFreeRace", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, StridedRowsConflictOnlyWhereTheyOverlap) {
+  EXPECT_EQ(RunScenario("SanitizerRows", {"VNPU_SANITIZE=1"}), 0);
+}
+
+TEST(SanitizerTest, HostRewritingAQueuedUploadsPinnedSourceIsReported) {
+  EXPECT_EQ(RunScenario("SanitizerPinnedUpload", {"VNPU_SANITIZE=1"}), 0);
 }
 
 TEST(SanitizerTest, GraphReplaysDeclareTheCapturedAccesses) {

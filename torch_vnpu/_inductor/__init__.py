@@ -41,17 +41,20 @@ def register_inductor() -> None:
     if _inductor_registered:
         return
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
-    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
+    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN, DEVICE_TO_INT
 
-    from . import cpu_assumptions, flex_attention
+    from . import aoti, cpu_assumptions, flex_attention
     from .cache_key import VnpuCodegenVersion
     from .codegen import CODEGEN_CLASSES
     from .device_op_overrides import VnpuDeviceOpOverrides
 
     register_dynamo()
     cpu_assumptions.apply()
+    aoti.apply()
     # The C++ wrapper's device constant (aoti_torch_device_type_privateuse1()); vnpu is PrivateUse1.
     DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
+    # AOTInductor's input device check (AOTI_RUNTIME_CHECK_INPUTS=1): c10::DeviceType::PrivateUse1.
+    DEVICE_TO_INT.setdefault(_DEVICE, 20)
     register_device_op_overrides(_DEVICE, VnpuDeviceOpOverrides())
     flex_attention.register_lowering()
     register_backend_for_device(

@@ -15,7 +15,7 @@ docs/ARCHITECTURE.md, "How a compiled graph reaches the stream"):
   outside stream order: a vnpu graph never calls them;
 * each fused C++ kernel of a vnpu node is enqueued on the current stream of the
   graph's device, with its arguments captured by value in a lambda
-  (:data:`_RUNTIME`), through ``InductorLaunchApi::launch_without_gil``
+  (:data:`_RUNTIME_HEAD`), through ``InductorLaunchApi::launch_without_gil``
   (csrc/inductor/KernelLaunch.h); kernels of CPU nodes run on the host, as in
   the Python wrapper. Under ``VNPU_SANITIZE`` each launch first declares its
   vnpu pointer arguments' tensors (``declare_access``; a ``const`` pointer
@@ -27,8 +27,13 @@ Errors: a launch error (bad device; a kernel's own error under
 like eager's (:class:`VnpuCppWrapperCodeCache`). Kernel errors otherwise are
 the runtime's sticky errors, naming the kernel and its graph.
 
-AOTInductor (``aoti_compile_and_package``) is not supported on vnpu: it
-raises NotImplementedError.
+AOTInductor (``aoti_compile_and_package``, :mod:`.aoti`) generates the same code in AOT
+mode, with three differences (Note [AOTInductor on vnpu] in
+csrc/inductor/AotiRunner.cpp): vnpu's model runner hands the launch API to the
+model (``torch_vnpu_aoti_attach``: no Python, no capsule); the model's runtime is a
+CPU one, so its weights load as CPU tensors and the graph uses the runner's vnpu
+copies (``weight()``); launch errors are C++ exceptions, which AOTInductor's runner
+raises as RuntimeError.
 """
 
 from __future__ import annotations
@@ -46,29 +51,35 @@ from .wrapper import _graph_label
 
 _DEVICE = "vnpu"
 
-# C++ spliced into the header of every C++ wrapper of a vnpu graph.
-_RUNTIME = r"""
+# C++ spliced into the header of every C++ wrapper of a vnpu graph: _RUNTIME_HEAD, then the JIT or the AOT
+# part (how the launch API is found and how a launch error is raised), then _RUNTIME_TAIL.
+_RUNTIME_HEAD = r"""
 // torch_vnpu: fused kernels on the vnpu stream (torch_vnpu/_inductor/cpp_wrapper.py,
 // Note [Compiled kernels on the stream] in csrc/inductor/KernelLaunch.h).
 #include <c10/core/DeviceGuard.h>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 namespace torch_vnpu_cpp_wrapper {
 
-// at::vnpu::InductorLaunchApi, version 4.
+// at::vnpu::InductorLaunchApi, version 5.
 struct LaunchApi {
   int version;
   int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
-  int (*host_scalar)(PyObject*, void*, size_t, int);
+  int (*host_scalar)(void*, void*, size_t, int);
   int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
   int (*declare_access)(void*, int);
+  const char* (*launch_or_error)(const char*, long, void (*)(void*), void*, void (*)(void*));
 };
+constexpr int kLaunchApiVersion = 5;
 
 static const LaunchApi* api = nullptr;
+"""
 
+_RUNTIME_JIT = r"""
 // Thrown when a Python exception is already set; the entry function returns it.
 struct PythonErrorSet : std::runtime_error {
   PythonErrorSet() : std::runtime_error("torch_vnpu: a Python exception is set") {}
@@ -79,7 +90,7 @@ static inline void init() {
   if (api) return;
   auto* found = static_cast<const LaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
   if (!found) throw PythonErrorSet();
-  if (found->version != 4) {
+  if (found->version != kLaunchApiVersion) {
     PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu graph was built for another torch_vnpu version");
     throw PythonErrorSet();
   }
@@ -97,7 +108,89 @@ static inline void launch(const char* name, int64_t device, F&& kernel) {
     throw PythonErrorSet();
   }
 }
+"""
 
+# AOTInductor (Note [AOTInductor on vnpu] in csrc/inductor/AotiRunner.cpp): no Python; vnpu's model runner
+# hands over the launch API, the device and the weights' vnpu copies through torch_vnpu_aoti_attach.
+_RUNTIME_AOT = r"""
+// The vnpu device the package was loaded for (aoti_load_package's device_index, or the current device).
+static long device_index = -1;
+
+// The model's weights by constant index: vnpu copies (owned by the runner) of the CPU constants.
+static size_t num_weights = 0;
+static void* const* weights_cpu = nullptr;
+static void* const* weights_vnpu = nullptr;
+
+static inline void init() {
+  if (!api) {
+    throw std::runtime_error("this AOTInductor package was compiled for vnpu: load it with "
+                             "torch._inductor.aoti_load_package, with torch_vnpu installed");
+  }
+}
+
+// The vnpu copy of constant `index`, `cpu` (the model's CPU weight).
+static inline torch::aot_inductor::ConstantHandle weight(size_t index, const torch::aot_inductor::ConstantHandle& cpu) {
+  if (index >= num_weights || weights_vnpu[index] == nullptr || weights_cpu[index] != cpu.data_ptr()) {
+    throw std::runtime_error("a weight of this vnpu AOTInductor model changed after loading "
+                             "(update_constant_buffer is not supported on vnpu): load the package again");
+  }
+  return torch::aot_inductor::ConstantHandle(static_cast<AtenTensorHandle>(weights_vnpu[index]));
+}
+
+// The device guard of run_impl: the device the package was loaded for. The model runs on that device's
+// current stream (torch.vnpu.stream(s) picks it); AOTInductor's explicit stream argument is not supported.
+class AotiStreamGuard {
+ public:
+  AotiStreamGuard(void* stream, int32_t /*the CPU runtime's device_idx_*/)
+      : guard_(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index))) {
+    if (stream != nullptr) {
+      throw std::invalid_argument("a vnpu AOTInductor model runs on the current vnpu stream: pass no stream "
+                                  "handle, and select the stream with torch.vnpu.stream(s)");
+    }
+  }
+
+ private:
+  c10::DeviceGuard guard_;
+};
+
+template <typename F>
+static inline void launch(const char* name, int64_t device, F&& kernel) {
+  using Fn = std::decay_t<F>;
+  auto* fn = new Fn(std::forward<F>(kernel));
+  const char* error = api->launch_or_error(name, static_cast<long>(device), [](void* p) { (*static_cast<Fn*>(p))(); },
+                                           fn, [](void* p) { delete static_cast<Fn*>(p); });
+  if (error) throw std::runtime_error(error);
+}
+
+}  // namespace torch_vnpu_cpp_wrapper
+
+// Called by vnpu's AOTInductor model runner right after it loaded this model.
+extern "C" __attribute__((visibility("default"))) const char* torch_vnpu_aoti_attach(
+    const void* launch_api, int version, long device, size_t num_weights, void* const* cpu, void* const* vnpu) {
+  namespace w = torch_vnpu_cpp_wrapper;
+  if (version != w::kLaunchApiVersion) return "it was compiled for another torch_vnpu version: compile it again";
+  w::api = static_cast<const w::LaunchApi*>(launch_api);
+  w::device_index = device;
+  w::num_weights = num_weights;
+  w::weights_cpu = cpu;
+  w::weights_vnpu = vnpu;
+  return nullptr;
+}
+
+namespace torch_vnpu_cpp_wrapper {
+"""
+
+_RUNTIME_TAIL = r"""
+}  // namespace torch_vnpu_cpp_wrapper
+
+// A dtype view (Inductor's reinterpret of a buffer as another dtype of the same width) is metadata only: CPU's
+// shim calls ATen's device-independent view.dtype, so vnpu's is the same call.
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+inline AOTITorchError aoti_torch_vnpu_view_dtype(AtenTensorHandle self, int32_t dtype, AtenTensorHandle* ret) {
+  return aoti_torch_cpu_view_dtype(self, dtype, ret);
+}
+
+namespace torch_vnpu_cpp_wrapper {
 // Under VNPU_SANITIZE, declares the vnpu tensor's memory for the next launch
 // (written if `writes`: a non-const pointer parameter); otherwise one relaxed load.
 static inline void declare(AtenTensorHandle tensor, int writes) { api->declare_access(tensor, writes); }
@@ -147,6 +240,7 @@ class DeviceGuard {
 }  // namespace torch_vnpu_cpp_wrapper
 """
 
+
 # The entry's catch clauses (CppWrapperCodeCache.extra_parse_arg, a str.format template: braces are doubled).
 _BASE_CATCH = re.compile(r"\}\} catch\(std::exception const& e\) \{\{.*?\"unhandled error\"\);\s*return nullptr;\s*\}\}",
                          re.S)
@@ -195,11 +289,10 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
-        if V.graph.aot_mode:
+        if V.graph.aot_mode and V.graph.const_module is not None:
             raise NotImplementedError(
-                "AOTInductor (torch._inductor.aoti_compile_and_package / aot_compile) is not supported on vnpu: "
-                "use torch.compile (with cpp_wrapper=True or the default Python wrapper), or export the model "
-                "on CPU tensors"
+                "AOTInductor on vnpu: runtime constant folding (aot_inductor.use_runtime_constant_folding) is not "
+                "supported; compile without it"
             )
         return VnpuCppWrapperCodegen()
 
@@ -211,11 +304,48 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
         if device in self.included_devices:
             return
         self.included_devices.add(device)
-        self.header.splice("#include <torch/csrc/inductor/cpp_wrapper/common.h>")
-        self.header.splice(_RUNTIME)
+        if V.graph.aot_mode:
+            # The AOT runtime of a CPU model (Note [AOTInductor on vnpu] in csrc/inductor/AotiRunner.cpp).
+            self.header.splice(self.get_device_include_path_aot("cpu"))
+            self.header.splice(_RUNTIME_HEAD + _RUNTIME_AOT + _RUNTIME_TAIL)
+        else:
+            self.header.splice("#include <torch/csrc/inductor/cpp_wrapper/common.h>")
+            self.header.splice(_RUNTIME_HEAD + _RUNTIME_JIT + _RUNTIME_TAIL)
 
     def _codegen_entry_impl_prologue(self) -> None:
         self.prefix.writeline("torch_vnpu_cpp_wrapper::init();")
+
+    def _write_constants_unpacking(self) -> None:
+        if not V.graph.aot_mode:
+            return super()._write_constants_unpacking()
+        # AOTInductor: the model's constants are CPU tensors; the graph uses their vnpu copies.
+        for idx, name in enumerate(V.graph.constants.keys()):
+            self.prefix.writeline(f"[[maybe_unused]] auto {name} = torch_vnpu_cpp_wrapper::weight({idx}, constants_->at({idx}));")
+
+    def codegen_model_constructor(self) -> None:
+        # AOTInductor: the model is a CPU model whose weights load as CPU tensors (the runner copies them to
+        # vnpu): their constants_info_ device type is the CPU's.
+        self._constants_on_cpu = True
+        try:
+            super().codegen_model_constructor()
+        finally:
+            self._constants_on_cpu = False
+
+    def codegen_device(self, device):
+        if getattr(self, "_constants_on_cpu", False) and device.type == _DEVICE:
+            device = torch.device("cpu")
+        return super().codegen_device(device)
+
+    def codegen_device_idx(self, device, device_id):
+        index = super().codegen_device_idx(device, device_id)
+        # AOTInductor: the model runtime is a CPU one; the vnpu device is the one the package was loaded for.
+        return "torch_vnpu_cpp_wrapper::device_index" if index == "this->device_idx_" else index
+
+    def _launch_device(self, device) -> str:
+        """The vnpu device index a fused kernel of ``device`` is launched on (C++ expression)."""
+        if V.graph.aot_mode:
+            return "torch_vnpu_cpp_wrapper::device_index"
+        return str(device.index if device.index is not None else torch.vnpu.current_device())
 
     def _generate_end_jit(self, result) -> None:
         # Built as CPU code (the kernels are; -O3, OpenMP, vectorisation), loaded by vnpu's code cache.
@@ -248,7 +378,7 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton,
                                                         arg_types=arg_types, **kwargs)
         assert arg_types is not None and len(call_args) == len(arg_types)
-        index = device.index if device.index is not None else torch.vnpu.current_device()
+        index = self._launch_device(device)
         captures, params, declares = [], [], []
         for i, (arg, arg_type) in enumerate(zip(call_args, arg_types)):
             arg = str(arg)

@@ -31,6 +31,12 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
 6. ``use_scatter_fallback`` sends ``scatter_reduce_(..., "sum")`` to ATen's
    kernel on a multi-threaded CPU instead of generating atomic adds (whose
    order, so whose float result, varies from run to run); vnpu likewise.
+7. ``GraphLowering.decide_layout_opt`` turns a convolution graph channels-last
+   (a GPU heuristic). vnpu's convolution is the CPU's kernel, whose output
+   follows its channels-last inputs, while the fake (meta) convolution of a
+   non-CPU device answers contiguous: the graph then read the conv's output
+   with the wrong strides (an AOTInductor conv + batch norm model was off by
+   0.05). Graphs with a vnpu convolution keep their layout.
 """
 
 from __future__ import annotations
@@ -175,6 +181,27 @@ def _fix_cpu_heuristics() -> None:
     _rebind("use_scatter_fallback", original_scatter, use_scatter_fallback)
 
 
+def _fix_layout_opt() -> None:
+    import torch
+    from torch._inductor.graph import GraphLowering
+
+    original = GraphLowering.__dict__["decide_layout_opt"].__func__
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+
+    def decide_layout_opt(gm, *, is_inference: bool) -> bool:
+        for n in gm.graph.nodes:
+            if n.target is torch.ops.aten.convolution.default:
+                value = n.args[0].meta.get("val") if hasattr(n.args[0], "meta") else None
+                if value is not None and value.device.type == _DEVICE:
+                    return False
+        return original(gm, is_inference=is_inference)
+
+    decide_layout_opt._vnpu_original = original  # type: ignore[attr-defined]
+    decide_layout_opt.__doc__ = original.__doc__
+    GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
+
+
 def apply() -> None:
     """Applies the fixes (idempotent)."""
     _fix_get_current_backend()
@@ -182,3 +209,4 @@ def apply() -> None:
     _fix_device_need_guard()
     _fix_logical_index_reductions()
     _fix_cpu_heuristics()
+    _fix_layout_opt()

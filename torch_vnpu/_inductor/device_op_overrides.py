@@ -43,3 +43,7 @@ class VnpuDeviceOpOverrides(DeviceOpOverrides):
 
     def cpp_aoti_device_guard(self) -> str:
         return "torch_vnpu_cpp_wrapper::DeviceGuard"
+
+    def cpp_aoti_stream_guard(self) -> str:
+        # AOTInductor's run_impl: the device the package was loaded for, on its current stream (cpp_wrapper.py).
+        return "torch_vnpu_cpp_wrapper::AotiStreamGuard"

@@ -44,13 +44,14 @@ struct VnpuLaunchApi {{
     int (*host_scalar)(PyObject*, void*, size_t, int);
     int (*launch_without_gil)(const char*, long, void (*)(void*), void*, void (*)(void*));
     int (*declare_access)(void*, int);
+    const char* (*launch_or_error)(const char*, long, void (*)(void*), void*, void (*)(void*));
 }};
 
 static const VnpuLaunchApi* vnpu_launch_api() {{
     static const VnpuLaunchApi* api = nullptr;
     if (!api) {{
         auto* found = static_cast<const VnpuLaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
-        if (found && found->version != 4) {{
+        if (found && found->version != 5) {{
             PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu kernel was built for another torch_vnpu version");
             return nullptr;
         }}

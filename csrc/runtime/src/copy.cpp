@@ -108,6 +108,9 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
         std::memmove(dst, src, count);
       }, nullptr, info));
     }
+    if (kind == vnpuMemcpyHostToDevice && san::on() && !launch_blocking() && !capture_of(s)) {
+      san::note_upload(s, src, count);  // Note [Pinned uploads]
+    }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
                                           info));
   }

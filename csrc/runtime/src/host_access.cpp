@@ -176,6 +176,9 @@ void grant_worker() {
 }
 
 vnpuError_t report_host_access(vnpuStream_st* s, const char* name) {
+  if (g_deferred_pending.load(std::memory_order_acquire)) {
+    if (vnpuError_t e = take_deferred(s, name); e != vnpuSuccess) return e;
+  }
   if (g_state.load(std::memory_order_acquire) != 2) return vnpuSuccess;
   std::lock_guard<std::mutex> g(g_report_mu);
   if (g_state.load(std::memory_order_acquire) != 2) return vnpuSuccess;
@@ -220,6 +223,6 @@ vnpuError_t vnpuSanitizerDeviceAccessEnd() {
 }
 
 vnpuError_t vnpuSanitizerCheckHostAccess() {
-  if (!san::host_check_on()) return vnpuSuccess;
+  if (!san::on()) return vnpuSuccess;
   return san::report_host_access(nullptr, "vnpuSanitizerCheckHostAccess");
 }

@@ -260,7 +260,13 @@ void protect_devices();          // at initialization: tags the linear ranges, i
 void grant_worker();             // on a stream worker's thread: access for good
 // vnpuErrorHostAccess (report set) once per recorded host access, else vnpuSuccess.
 // One relaxed load when nothing was recorded.
+// Also returns a pending deferred race first (Note [Frees without record_stream], Note [Pinned
+// uploads], sanitizer.cpp).
 vnpuError_t report_host_access(vnpuStream_st* s, const char* name);
+extern std::atomic<bool> g_deferred_pending;
+vnpuError_t take_deferred(vnpuStream_st* s, const char* name);  // vnpuErrorStreamRace (report set) once
+// A non_blocking copy from pinned memory at `src` was just queued on s (after its begin_task).
+void note_upload(vnpuStream_st* s, const void* src, size_t bytes);
 }  // namespace san
 // Calls f(start, bytes) for every vnpuMemMap mapping (vmm.cpp), under its lock.
 void for_each_mapping(const std::function<void(void*, size_t)>& f);

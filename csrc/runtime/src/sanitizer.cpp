@@ -23,8 +23,10 @@
 // owner's first access (the cross-stream free without record_stream).
 #include "internal.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <unordered_set>
 
 namespace vnpu::rt::san {
@@ -35,16 +37,72 @@ namespace {
 
 using Clock = std::vector<uint64_t>;
 
+// Note [Strided accesses]
+// A strided view (a channel slice of an NCHW tensor, a column block of a
+// matrix) does not touch every byte of its span, and two streams writing
+// interleaved, disjoint slices of one tensor are not a race. An access may
+// declare itself as rows (vnpuMemAccess::row_bytes/row_stride): the bytes a
+// of its span with (a - ptr) % row_stride < row_bytes. Two row sets with the
+// same stride overlap iff their intervals modulo the stride do; a row set is
+// tested against a range of the map exactly (does it touch it, does it cover
+// it). Row sets of different strides count as overlapping wherever both touch
+// a range (the fallback; views more complex than rows are declared as their
+// span by the layer above).
+struct Rows {
+  uintptr_t period = 0;  // 0: every byte of the span
+  uintptr_t phase = 0;   // address % period of a row start
+  uintptr_t len = 0;     // bytes per row (< period)
+};
+
+Rows rows_of(const vnpuMemAccess& a) {
+  if (a.row_stride == 0 || a.row_bytes == 0 || a.row_bytes >= a.row_stride) return {};
+  return {a.row_stride, reinterpret_cast<uintptr_t>(a.ptr) % a.row_stride, a.row_bytes};
+}
+
+// Offset of address s inside its period (0 = a row start).
+uintptr_t phase_of(const Rows& r, uintptr_t s) { return (s % r.period + r.period - r.phase) % r.period; }
+
+// r touches a byte of [s, e).
+bool touches(const Rows& r, uintptr_t s, uintptr_t e) {
+  if (r.period == 0 || e - s >= r.period) return true;
+  const uintptr_t o = phase_of(r, s);
+  return o < r.len || r.period - o < e - s;
+}
+
+// r touches every byte of [s, e).
+bool full_in(const Rows& r, uintptr_t s, uintptr_t e) {
+  if (r.period == 0) return true;
+  const uintptr_t o = phase_of(r, s);
+  return o < r.len && o + (e - s) <= r.len;
+}
+
+// Inside [s, e), some byte both touch.
+bool conflict(const Rows& a, const Rows& b, uintptr_t s, uintptr_t e) {
+  if (!touches(a, s, e) || !touches(b, s, e)) return false;
+  if (full_in(a, s, e) || full_in(b, s, e) || a.period != b.period) return true;
+  const uintptr_t d = (b.phase + a.period - a.phase) % a.period;  // b's row start inside a's period
+  return d < a.len || a.period - d < b.len;
+}
+
+// Inside [s, e), a touches every byte b touches.
+bool covers(const Rows& a, const Rows& b, uintptr_t s, uintptr_t e) {
+  if (full_in(a, s, e) || !touches(b, s, e)) return true;
+  if (a.period != b.period) return false;
+  const uintptr_t d = (b.phase + a.period - a.phase) % a.period;
+  return d + b.len <= a.len;
+}
+
 struct Epoch {
   uint32_t slot = 0;
   uint64_t pos = 0;  // 0: none
   const char* name = nullptr;
   bool before_free = false;  // the range was freed after this access
+  Rows rows;                 // the bytes it touched (Note [Strided accesses])
 };
 
 struct Range {
   uintptr_t end = 0;
-  Epoch writer;
+  std::vector<Epoch> writers;  // the last writer; more only where strided writes left parts of others
   std::vector<Epoch> readers;
   bool freed = false;
   vnpuStream_st* freed_on = nullptr;
@@ -103,7 +161,7 @@ void split_at(uintptr_t a) {
   }
 }
 
-// Calls f(range) on ranges covering exactly [lo, hi), creating them where none was.
+// Calls f(start, range) on ranges covering exactly [lo, hi), creating them where none was.
 template <class F>
 void cover(uintptr_t lo, uintptr_t hi, F f) {
   split_at(lo);
@@ -116,7 +174,7 @@ void cover(uintptr_t lo, uintptr_t hi, F f) {
       r.end = it == g_ranges.end() ? hi : std::min<uintptr_t>(hi, it->first);
       it = g_ranges.emplace_hint(it, cur, std::move(r));
     }
-    f(it->second);
+    f(it->first, it->second);
     cur = it->second.end;
     ++it;
   }
@@ -150,6 +208,111 @@ vnpuError_t refuse(vnpuError_t err, size_t index, const vnpuMemAccess& a, uintpt
 
 void set_report(vnpuSanitizerReport report) { t_report = std::move(report); }
 
+// Note [Frees without record_stream]
+// CUDA's caching allocator treats a block as free for its stream at the
+// free: a stream that used it without record_stream and is not ordered
+// before that point races whatever the allocating stream does with the block
+// next (the next owner's writes, our poison fill). So a free is checked like
+// a write by the freeing stream against the block's unordered accesses.
+// It cannot be refused (the tensor is gone; a deallocator cannot raise), so
+// the first such race is kept here and returned by the next runtime call that
+// reports deferred errors, as host accesses are (report_host_access). The
+// poison fill then waits for the racing streams' work queued so far, so the
+// late reader sees the tensor's values, not NaN produced by the sanitizer.
+std::atomic<bool> g_deferred_pending{false};
+namespace {
+vnpuSanitizerReport g_deferred;  // guarded by g_mu: the first race found outside a launching call
+
+void set_deferred(vnpuSanitizerReport r) {
+  g_deferred = std::move(r);
+  g_deferred_pending.store(true, std::memory_order_release);
+}
+
+void note_free_race(const void* ptr, size_t bytes, vnpuStream_st* s, const Epoch& other, bool other_write) {
+  vnpuSanitizerReport r;
+  r.error = vnpuErrorStreamRace;
+  r.deferred = 1;
+  r.write = 1;
+  r.ptr = ptr;
+  r.bytes = bytes;
+  r.freed_on = s;
+  r.other_stream = g_streams[other.slot];
+  r.other_position = other.pos;
+  r.other_name = other.name == nullptr ? "" : other.name;
+  r.other_write = other_write ? 1 : 0;
+  set_deferred(std::move(r));
+}
+
+// Note [Pinned uploads]
+// A non_blocking copy from pinned host memory reads its source when the
+// stream runs it, so host code that refills the source (a staging buffer
+// reused for the next batch) before the host waited for the copy races it:
+// the device gets the old or the new bytes depending on timing. Host writes
+// are not declared (any CPU op, numpy, a DataLoader worker may make them), so
+// the sanitizer keeps a snapshot of the source taken at the call and, at the
+// host's first wait that orders it after the copy (stream or device
+// synchronize, event synchronize or a query that answers complete), compares
+// it with the source: a difference is reported as a deferred race (the next
+// call that reports host accesses raises it). This is ordering, not timing:
+// the write is found whether or not the copy had run before it. Costs a
+// host copy of each pinned upload (at most kMaxUploadBytes pending; uploads
+// beyond that are not checked). Cannot see a rewrite with the same bytes, nor
+// one after a wait that ordered the host after the copy's stream position
+// through another path.
+struct Upload {
+  const char* src = nullptr;
+  size_t bytes = 0;
+  std::unique_ptr<char[]> snapshot;
+  uint32_t slot = 0;
+  uint64_t pos = 0;
+};
+constexpr size_t kMaxUploadBytes = size_t(256) << 20;
+std::vector<Upload> g_uploads;  // guarded by g_mu
+size_t g_upload_bytes = 0;
+
+// With g_mu held, after the host's clock grew: compares the uploads it now orders.
+void check_uploads() {
+  if (g_uploads.empty()) return;
+  const Clock& host = g_clocks[0];
+  auto done = [&](Upload& u) {
+    if (u.slot >= host.size() || host[u.slot] < u.pos) return false;
+    if (std::memcmp(u.src, u.snapshot.get(), u.bytes) != 0 && !g_deferred_pending.load(std::memory_order_relaxed)) {
+      size_t off = 0;
+      while (off < u.bytes && u.src[off] == u.snapshot[off]) ++off;
+      vnpuSanitizerReport r;
+      r.error = vnpuErrorStreamRace;
+      r.deferred = 2;
+      r.ptr = u.src;
+      r.bytes = u.bytes;
+      r.host_offset = off;
+      r.other_stream = g_streams[u.slot];
+      r.other_position = u.pos;
+      r.other_name = "memcpy HtoD";
+      r.write = 1;
+      set_deferred(std::move(r));
+    }
+    g_upload_bytes -= u.bytes;
+    return true;
+  };
+  g_uploads.erase(std::remove_if(g_uploads.begin(), g_uploads.end(), done), g_uploads.end());
+}
+}  // namespace
+
+vnpuError_t take_deferred(vnpuStream_st* s, const char* name) {
+  vnpuSanitizerReport r;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!g_deferred_pending.load(std::memory_order_relaxed)) return vnpuSuccess;
+    r = std::move(g_deferred);
+    g_deferred = vnpuSanitizerReport();
+    g_deferred_pending.store(false, std::memory_order_relaxed);
+  }
+  r.stream = s;
+  r.name = name == nullptr ? "" : name;
+  set_report(std::move(r));
+  return vnpuErrorStreamRace;
+}
+
 namespace {
 
 // Checks and records one task of s whose i-th access is acc(i), named name(i). Called with g_mu held.
@@ -165,20 +328,25 @@ vnpuError_t check_and_record(vnpuStream_st* s, size_t n, Acc acc, Name name) {
     const vnpuMemAccess& a = acc(i);
     if (a.bytes == 0 || a.ptr == nullptr) continue;
     const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr), hi = lo + a.bytes;
+    const Rows rows = rows_of(a);
     vnpuError_t err = vnpuSuccess;
     visit(lo, hi, [&](uintptr_t start, const Range& r) {
+      const uintptr_t s0 = std::max(start, lo), e0 = std::min(r.end, hi);  // the part this access spans
+      if (!touches(rows, s0, e0)) return true;
       if (r.freed) {
-        err = refuse(vnpuErrorUseAfterFree, i, a, start, r, s, pos, name(i), r.writer.pos ? &r.writer : nullptr,
-                     true);
+        err = refuse(vnpuErrorUseAfterFree, i, a, start, r, s, pos, name(i),
+                     r.writers.empty() ? nullptr : &r.writers.back(), true);
         return false;
       }
-      if (!ordered(c, k, r.writer)) {
-        err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, name(i), &r.writer, true);
-        return false;
+      for (const Epoch& w : r.writers) {
+        if (!ordered(c, k, w) && conflict(rows, w.rows, s0, e0)) {
+          err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, name(i), &w, true);
+          return false;
+        }
       }
       if (a.write) {
         for (const Epoch& e : r.readers) {
-          if (!ordered(c, k, e)) {
+          if (!ordered(c, k, e) && conflict(rows, e.rows, s0, e0)) {
             err = refuse(vnpuErrorStreamRace, i, a, start, r, s, pos, name(i), &e, false);
             return false;
           }
@@ -194,20 +362,21 @@ vnpuError_t check_and_record(vnpuStream_st* s, size_t n, Acc acc, Name name) {
     for (size_t i = 0; i < n; ++i) {
       const vnpuMemAccess& a = acc(i);
       if (a.bytes == 0 || a.ptr == nullptr || (a.write != 0) != (pass == 1)) continue;
-      const Epoch me{k, pos, name(i), false};
+      const Epoch me{k, pos, name(i), false, rows_of(a)};
       const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr);
-      cover(lo, lo + a.bytes, [&](Range& r) {
+      cover(lo, lo + a.bytes, [&](uintptr_t start, Range& r) {
+        if (!touches(me.rows, start, r.end)) return;
+        // What this access covers is ordered before it (checked above): later accesses need only it.
+        auto covered = [&](const Epoch& e) { return covers(me.rows, e.rows, start, r.end); };
         if (a.write) {
-          r.writer = me;
-          r.readers.clear();
+          r.writers.erase(std::remove_if(r.writers.begin(), r.writers.end(), covered), r.writers.end());
+          r.readers.erase(std::remove_if(r.readers.begin(), r.readers.end(), covered), r.readers.end());
+          r.writers.push_back(me);
           return;
         }
-        for (Epoch& e : r.readers) {
-          if (e.slot == k) {
-            e = me;
-            return;
-          }
-        }
+        r.readers.erase(std::remove_if(r.readers.begin(), r.readers.end(),
+                                       [&](const Epoch& e) { return e.slot == k && covered(e); }),
+                        r.readers.end());
         r.readers.push_back(me);
       });
     }
@@ -276,11 +445,27 @@ void host_waited_stream(vnpuStream_st* s) {
   std::lock_guard<std::mutex> g(g_mu);
   if (s->san_slot < 0) return;
   join(g_clocks[0], g_clocks[s->san_slot]);
+  check_uploads();
 }
 
 void host_waited_event(vnpuEvent_st* e) {
   std::lock_guard<std::mutex> g(g_mu);
   join(g_clocks[0], e->san_clock);
+  check_uploads();
+}
+
+void note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_upload_bytes + bytes > kMaxUploadBytes) return;
+  Upload u;
+  u.src = static_cast<const char*>(src);
+  u.bytes = bytes;
+  u.snapshot.reset(new char[bytes]);
+  std::memcpy(u.snapshot.get(), src, bytes);
+  u.slot = slot_of(s);
+  u.pos = g_pos[u.slot];  // the copy's task (begin_task just counted it)
+  g_upload_bytes += bytes;
+  g_uploads.push_back(std::move(u));
 }
 
 // Note [Deferred host copies]
@@ -351,23 +536,53 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream) {
   if (ptr == nullptr || device_of(ptr) < 0) return vnpuErrorInvalidValue;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  std::vector<std::pair<vnpuStream_st*, uint64_t>> wait_for;  // Note [Frees without record_stream]
+  bool reported = false;
   {
     std::lock_guard<std::mutex> g(san::g_mu);
     const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
-    san::cover(lo, lo + bytes, [&](san::Range& r) {
+    const uint32_t k = san::slot_of(s);
+    san::Clock c = san::g_clocks[k];
+    if (k != 0) san::join(c, san::g_clocks[0]);
+    std::vector<uint32_t> racing;
+    auto check = [&](const san::Epoch& e, bool write) {
+      if (e.pos == 0 || e.before_free || san::ordered(c, k, e)) return;
+      if (std::find(racing.begin(), racing.end(), e.slot) == racing.end()) racing.push_back(e.slot);
+      if (!reported && !san::g_deferred_pending.load(std::memory_order_relaxed)) {
+        reported = true;
+        san::note_free_race(ptr, bytes, s, e, write);
+      }
+    };
+    san::cover(lo, lo + bytes, [&](uintptr_t, san::Range& r) {
+      if (!r.freed) {
+        for (const auto& e : r.writers) check(e, true);
+        for (const auto& e : r.readers) check(e, false);
+      }
       r.freed = true;
       r.freed_on = s;
-      r.writer.before_free = true;
+      for (auto& e : r.writers) e.before_free = true;
       for (auto& e : r.readers) e.before_free = true;
     });
+    for (uint32_t j : racing) {
+      vnpuStream_st* other = san::g_streams[j];
+      if (other == nullptr) continue;  // the host: its accesses were made already
+      std::lock_guard<std::mutex> lk(other->mu);  // lock order: a stream's mu inside g_mu
+      wait_for.emplace_back(other, other->submitted);
+    }
   }
   // Stream-ordered, never a host write racing queued kernels; not an access
   // of its own (the free point is what later accesses are checked against).
   // Not on a capturing stream: the fill would be recorded into the graph.
-  if (capture_of(s)) return vnpuSuccess;
-  s->submit("sanitizer poison", [ptr, bytes] { std::memset(ptr, 0xFF, bytes); }, nullptr,
-            {vnpuActivityKindMemset, bytes, vnpuMemcpyHostToHost, false});
-  return vnpuSuccess;
+  if (!capture_of(s)) {
+    s->submit("sanitizer poison", [ptr, bytes, wait_for = std::move(wait_for)] {
+      for (auto& [other, target] : wait_for) {  // streams still using it without record_stream
+        std::unique_lock<std::mutex> lk(other->mu);
+        other->cv_done.wait(lk, [&, target = target] { return other->completed >= target; });
+      }
+      std::memset(ptr, 0xFF, bytes);
+    }, nullptr, {vnpuActivityKindMemset, bytes, vnpuMemcpyHostToHost, false});
+  }
+  return reported ? vnpuErrorStreamRace : vnpuSuccess;
 }
 
 vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes) {

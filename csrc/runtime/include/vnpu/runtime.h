@@ -434,6 +434,11 @@ struct vnpuMemAccess {
   const void* ptr;
   size_t bytes;
   int write;         // 0 = read
+  // Optional, a strided view: only the bytes at offsets o from ptr with
+  // o % row_stride < row_bytes are accessed (row_bytes < row_stride); 0:
+  // every byte. Overlap between row sets of one stride is exact.
+  size_t row_bytes = 0;
+  size_t row_stride = 0;
 };
 struct vnpuSanitizerReport {
   vnpuError_t error = vnpuSuccess;  // vnpuErrorStreamRace or vnpuErrorUseAfterFree
@@ -450,6 +455,14 @@ struct vnpuSanitizerReport {
   int other_write = 0;
   int freed_since = 0;              // the range was freed (and handed out again) after the earlier access
   vnpuStream_t freed_on = nullptr;  // UseAfterFree: the stream whose free poisoned it
+  // A race found outside a launching call, reported by a later call
+  // (`stream`/`name`): 1 = at a free (vnpuSanitizerFree): `ptr`/`bytes` the
+  // freed block, `freed_on` its stream, `other_*` the unordered access of
+  // another stream; 2 = host code rewrote pinned memory a queued upload reads
+  // (vnpuMemcpyAsync): `ptr`/`bytes` the upload's source, `host_offset` the
+  // first byte that changed, `other_*` the upload.
+  int deferred = 0;
+  size_t host_offset = 0;
   // HostAccess: `ptr` is the first address host code touched since the last
   // report, `write` whether it wrote; `stream`/`name` the call that reports it.
   uint64_t host_thread = 0;         // Linux tid of the thread that touched it
@@ -470,7 +483,13 @@ vnpuError_t vnpuSanitizerHostAccess(const char* name, const vnpuMemAccess* acces
 vnpuError_t vnpuSanitizerGetLastReport(vnpuSanitizerReport* report);
 // The allocator above frees [ptr, ptr+bytes) allocated on `stream`: queues a
 // poison fill (0xFF bytes: NaN in every floating dtype) on `stream` and marks
-// the range freed. No-op when off.
+// the range freed. No-op when off. The free counts as a write by `stream`: if
+// another stream accessed the range without being ordered before this point
+// (a tensor used on a side stream and dropped without record_stream), the free
+// is done all the same, its poison fill waits for that stream's work queued so
+// far, and it returns vnpuErrorStreamRace: the report (deferred = 1) is
+// returned by the next call that reports host accesses (vnpuLaunchKernel*,
+// copies, memsets, synchronizes, vnpuSanitizerCheckHostAccess), on any thread.
 vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream);
 // ... hands [ptr, ptr+bytes) out again (the access history is kept: a task of
 // another stream still unordered with the old use is a race for the new one).
