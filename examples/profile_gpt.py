@@ -106,11 +106,12 @@ def top_device_ops(prof, rows):
     tasks = [e for e in prof.key_averages() if e.device_type != DeviceType.CPU]
     total = sum(e.self_device_time_total for e in tasks) or 1.0
     tasks.sort(key=lambda e: -e.self_device_time_total)
-    lines = [f"{'device task':<48} {'calls':>6} {'total ms':>10} {'mean us':>10} {'share':>7}"]
+    width = max([len("all device tasks")] + [len(e.key) for e in tasks[:rows]])
+    lines = [f"{'device task':<{width}} {'calls':>6} {'total ms':>10} {'mean us':>10} {'share':>7}"]
     for e in tasks[:rows]:
-        lines.append(f"{e.key[:48]:<48} {e.count:>6} {e.self_device_time_total / 1e3:>10.2f} "
+        lines.append(f"{e.key:<{width}} {e.count:>6} {e.self_device_time_total / 1e3:>10.2f} "
                      f"{e.self_device_time_total / e.count:>10.1f} {e.self_device_time_total / total:>7.1%}")
-    lines.append(f"{'all device tasks':<48} {sum(e.count for e in tasks):>6} {total / 1e3:>10.2f}")
+    lines.append(f"{'all device tasks':<{width}} {sum(e.count for e in tasks):>6} {total / 1e3:>10.2f}")
     return "\n".join(lines)
 
 

@@ -240,6 +240,32 @@ def test_misuse_behaves_like_cpu_profiling(action, tmp_path):
     assert y.cpu().tolist() == [-1.0] * 4
 
 
+def test_device_error_at_the_profilers_stop_keeps_the_trace(tmp_path):
+    # The region ends with a kernel error still queued: leaving it synchronizes and raises the device's error
+    # (as CUDA would). torch 2.13 then left the profiler on and lost the trace (crash at exit); the trace of
+    # the failing step must be kept, the failed task marked, and the profiler stopped.
+    w = torch.randn(10, 4, device="vnpu")
+    idx = torch.tensor([50], device="vnpu")  # out of range: the embedding kernel fails on the stream
+    with pytest.raises(torch.AcceleratorError):
+        with profile(activities=ACTIVITIES) as prof:
+            torch.nn.functional.embedding(idx, w)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert not torch._C._autograd._profiler_enabled()
+    device = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert "aten::index_select" in device, device
+    path = tmp_path / "failed_step.json"
+    prof.export_chrome_trace(str(path))
+    failed = [e for e in json.loads(path.read_text())["traceEvents"]
+              if e.get("name") == "aten::index_select" and e.get("cat") == "kernel"]
+    assert failed and "error" in failed[0]["args"], failed
+    # The device and the profiler work afterwards.
+    x = torch.ones(3, device="vnpu")
+    with profile(activities=ACTIVITIES) as prof:
+        y = x.neg()
+    assert [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1] == ["aten::neg"]
+    assert y.cpu().tolist() == [-1.0] * 3
+
+
 def _matmul_then_relu(x):
     return (x @ x).relu()
 

@@ -101,6 +101,9 @@ def _register() -> None:
     from . import _profiler_export
 
     _profiler_export.install()  # a failed trace export raises OSError and keeps the trace
+    from . import _profiler_stop
+
+    _profiler_stop.install()  # a device error at the profiler's stop keeps the trace
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
