@@ -39,7 +39,7 @@ test-runtime: deps
 	$(VENV)/bin/ctest --test-dir build/runtime-tests --output-on-failure
 
 test-python: install
-	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m "not slow" .
+	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib --durations=25 -m "not slow" .
 
 # The long end-to-end cases marked `slow` (13: the GPT and gpt2 compiled, the sanitizer through a C++-wrapper graph, two HF Trainer script runs, the FSDP/TP and extra HF and
 # Lightning multi-process launches, Lightning under port.run), ~8 min quiet, ~15 min under load; not part of `make test`.
