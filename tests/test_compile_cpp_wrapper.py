@@ -185,6 +185,9 @@ def test_cpu_scalar_argument_is_taken_by_value_at_launch():
         torch.testing.assert_close(o.cpu(), ref * i, rtol=1e-4, atol=1e-3)
 
 
+# slow: two cold C++-wrapper compiles (~60 s quiet); dynamic shapes are in the default run through the Python
+# wrapper (test_compile_dynamic.py) and AOTInductor's dynamic batch (test_compile_aoti.py).
+@pytest.mark.slow
 def test_two_lengths_compile_at_most_twice():
     mod = MLP()
     f = torch.compile(copy.deepcopy(mod).to("vnpu"))
@@ -195,6 +198,8 @@ def test_two_lengths_compile_at_most_twice():
     assert counters["stats"]["unique_graphs"] <= 2  # static first, then one graph with a symbolic length
 
 
+# slow: one more cold C++-wrapper compile; the Python wrapper's second-device test is in the default run.
+@pytest.mark.slow
 def test_second_device_uses_its_own_stream():
     if torch.vnpu.device_count() < 2:
         pytest.skip("needs 2 vnpu devices")
