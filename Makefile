@@ -41,7 +41,7 @@ test-runtime: deps
 test-python: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib --durations=25 -m "not slow" .
 
-# The long end-to-end cases marked `slow` (15: the GPT and gpt2 compiled, the sanitizer through a C++-wrapper graph, two C++-wrapper compiles (two lengths, second device), two HF Trainer script runs, the FSDP/TP and extra HF and
+# The long end-to-end cases marked `slow` (17: the GPT and gpt2 compiled, the sanitizer through a C++-wrapper graph, four C++-wrapper compiles (two lengths, second device, conv + batch norm, asynchronous call), two HF Trainer script runs, the FSDP/TP and extra HF and
 # Lightning multi-process launches, Lightning under port.run), ~8 min quiet, ~15 min under load; not part of `make test`.
 test-slow: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m slow .
