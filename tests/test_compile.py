@@ -3,6 +3,7 @@
 Oracle: eager CPU on the same inputs. Parity of whole modules and training features is in
 test_compile_parity.py, dynamic shapes in test_compile_dynamic.py.
 """
+import copy
 import os
 import re
 import subprocess
@@ -200,6 +201,54 @@ def test_mixed_devices_raise_eagers_error():
         with pytest.raises(RuntimeError, match="vnpu:0 and vnpu:1"):
             f(a, b.to("vnpu:1"))
     torch.testing.assert_close(f(a, b.to("vnpu")).cpu(), a.cpu() + b * 2)  # still usable
+
+
+def _conv_cases():
+    x = torch.randn(2, 4, 6, 7).to(memory_format=torch.channels_last)
+    x3 = torch.randn(1, 2, 3, 4, 5).to(memory_format=torch.channels_last_3d)
+    w, wt, w3 = torch.randn(5, 4, 3, 3), torch.randn(4, 3, 3, 3), torch.randn(3, 2, 2, 2, 2)
+
+    def conv_and_grads(x, w):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = torch.nn.functional.conv2d(x, w, padding=1)
+        return (y, *torch.autograd.grad(y.sum(), (x, w)))
+
+    return [
+        (lambda x, w: torch.nn.functional.conv2d(x, w, padding=1), (x, w)),
+        (lambda x, w: torch.nn.functional.conv2d(x, w, padding=1), (x.contiguous(), w)),
+        (lambda x, w: torch.nn.functional.conv_transpose2d(x, w), (x, wt)),
+        (lambda x, w: torch.nn.functional.conv3d(x, w), (x3, w3)),
+        (lambda x, w: torch.nn.functional.conv1d(x, w), (torch.randn(2, 3, 9), torch.randn(4, 3, 2))),
+        (conv_and_grads, (x, w)),
+    ]
+
+
+def test_fake_convolution_strides_are_vnpus_real_ones():
+    # vnpu runs CPU's convolution, whose output follows a channels-last input; the fake (meta) rule that
+    # torch.compile / torch.export trace with must say the same (it said contiguous for any non-CPU device).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for f, args in _conv_cases():
+        vnpu_args = [a.to("vnpu") for a in args]
+        real, cpu = f(*vnpu_args), f(*args)
+        with FakeTensorMode() as mode:
+            fake = f(*[mode.from_tensor(a) for a in vnpu_args])
+        real, cpu, fake = [r if isinstance(r, tuple) else (r,) for r in (real, cpu, fake)]
+        for r, c, k in zip(real, cpu, fake):
+            assert r.stride() == c.stride() == k.stride() and k.device == r.device
+
+
+def test_channels_last_conv_graph_matches_eager_cpu():
+    # Inductor makes conv graphs channels-last on CPU (and now on vnpu); the extern convolution's real output
+    # strides must be the ones the graph was planned with.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 4, 1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    ref = model(x)
+    vmodel = torch.compile(copy.deepcopy(model).to("vnpu"))
+    with torch.no_grad():
+        for inp in (x, x.to(memory_format=torch.channels_last)):
+            torch.testing.assert_close(vmodel(inp.to("vnpu")).cpu(), ref.detach(), rtol=1e-4, atol=1e-5)
 
 
 def _floordiv(a, b):

@@ -31,12 +31,12 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
 6. ``use_scatter_fallback`` sends ``scatter_reduce_(..., "sum")`` to ATen's
    kernel on a multi-threaded CPU instead of generating atomic adds (whose
    order, so whose float result, varies from run to run); vnpu likewise.
-7. ``GraphLowering.decide_layout_opt`` turns a convolution graph channels-last
-   (a GPU heuristic). vnpu's convolution is the CPU's kernel, whose output
-   follows its channels-last inputs, while the fake (meta) convolution of a
-   non-CPU device answers contiguous: the graph then read the conv's output
-   with the wrong strides (an AOTInductor conv + batch norm model was off by
-   0.05). Graphs with a vnpu convolution keep their layout.
+7. ``GraphLowering.decide_layout_opt`` makes every convolution graph of a
+   CPU with mkldnn channels-last, and asks GPU heuristics for other devices.
+   vnpu's convolution is the CPU's kernel, so vnpu takes CPU's answer. (Before
+   the fake convolution of vnpu tensors gave vnpu's real output format,
+   :mod:`.fake_conv`, a channels-last graph read the conv's output with the
+   wrong strides: an AOTInductor conv + batch norm model was off by 0.05.)
 """
 
 from __future__ import annotations
@@ -190,11 +190,15 @@ def _fix_layout_opt() -> None:
         return
 
     def decide_layout_opt(gm, *, is_inference: bool) -> bool:
-        for n in gm.graph.nodes:
-            if n.target is torch.ops.aten.convolution.default:
-                value = n.args[0].meta.get("val") if hasattr(n.args[0], "meta") else None
-                if value is not None and value.device.type == _DEVICE:
-                    return False
+        from torch._inductor import config
+
+        convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+        on_vnpu = bool(convs) and all(
+            hasattr(n.args[i], "meta") and getattr(n.args[i].meta.get("val"), "device", None) is not None
+            and n.args[i].meta["val"].device.type == _DEVICE
+            for n in convs for i in (0, 1))
+        if on_vnpu and config.layout_optimization and not config.force_layout_optimization:
+            return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
         return original(gm, is_inference=is_inference)
 
     decide_layout_opt._vnpu_original = original  # type: ignore[attr-defined]

@@ -10,6 +10,9 @@
   Inductor's PrivateUse1 discovery of ``torch.vnpu.Scheduling`` & co. (which
   ``torch.vnpu`` also answers, for a ``torch_vnpu`` imported after Inductor),
   keeps vnpu's cache-key pass: the discovery re-registers without one.
+* fake convolutions: right after ``torch._subclasses.fake_impls`` has been
+  executed (``import torch`` does), vnpu convolutions get CPU's output memory
+  format (:mod:`.fake_conv`).
 * flex_attention: right after ``torch.nn.attention.flex_attention`` has been
   executed, it accepts vnpu tensors (:mod:`.flex_attention`).
 """
@@ -25,6 +28,7 @@ from typing import Callable
 _DYNAMO_MODULE = "torch._dynamo.device_interface"
 _INDUCTOR_MODULE = "torch._inductor.codegen.common"
 _FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
+_FAKE_IMPLS_MODULE = "torch._subclasses.fake_impls"
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -106,6 +110,12 @@ def _patch_flex_attention(module: ModuleType) -> None:
     patch_validate_device(module)
 
 
+def _patch_fake_conv(module: ModuleType) -> None:
+    from .fake_conv import patch
+
+    patch(module)
+
+
 def _hook_inductor(common: ModuleType) -> None:
     original = common.init_backend_registration
     if getattr(original, "_vnpu_original", None) is not None:
@@ -127,6 +137,7 @@ def install() -> None:
     """Installs the lazy registration (idempotent)."""
     when_imported(_DYNAMO_MODULE, _register_dynamo)
     when_imported(_FLEX_ATTENTION_MODULE, _patch_flex_attention)
+    when_imported(_FAKE_IMPLS_MODULE, _patch_fake_conv)
     if _INDUCTOR_MODULE in sys.modules:
         # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
         # registered its backends, so register now; Inductor's modules are all importable at this point.
