@@ -144,6 +144,47 @@ TEST_F(StreamTest, SynchronizeWaitsForAllPriorWork) {
   EXPECT_EQ(done.load(), 5);
 }
 
+TEST_F(StreamTest, SynchronizersWithDifferentTargetsEachWakeAtTheirOwn) {
+  // Note [Completion wake-ups]: the worker wakes waiters only once the lowest
+  // awaited count is reached; a waiter for a later point must still wake at it,
+  // and the earlier one must wake at its own point (the later tasks wait for it).
+  constexpr int kFirst = 10, kTotal = 30;
+  std::atomic<int> done{0};
+  std::atomic<bool> release{false}, a_returned{false};
+  Stream s;
+  auto first = [&] {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    ++done;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 5s;  // a lost wake-up fails, never hangs
+  auto second = [&] {
+    while (!a_returned.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    ++done;
+  };
+  for (int i = 0; i < kFirst; ++i) ASSERT_EQ(vnpuLaunchKernel(s, "first", first), vnpuSuccess);
+  std::atomic<int> seen_first{-1}, seen_all{-1};
+  std::atomic<bool> a_started{false};
+  std::thread a([&] {
+    a_started = true;
+    EXPECT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+    seen_first = done.load();
+    a_returned = true;
+  });
+  while (!a_started.load()) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);  // `a` waits for task 10
+  for (int i = kFirst; i < kTotal; ++i) ASSERT_EQ(vnpuLaunchKernel(s, "second", second), vnpuSuccess);
+  std::thread b([&] {
+    EXPECT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+    seen_all = done.load();
+  });
+  std::this_thread::sleep_for(20ms);  // `b` waits for task 30
+  release = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(seen_first.load(), kFirst);  // woke at its own point, not at the end
+  EXPECT_EQ(seen_all.load(), kTotal);
+}
+
 // ---- default stream and devices -------------------------------------------------
 
 TEST_F(StreamTest, NullStreamIsTheCurrentDevicesDefaultStream) {

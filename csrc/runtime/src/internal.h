@@ -107,10 +107,22 @@ struct vnpuStream_st {
   TaskRing queue;
   uint64_t submitted = 0;          // tasks ever submitted (count)
   uint64_t completed = 0;          // tasks ever finished (count)
+  // Note [Completion wake-ups]: the smallest `completed` count a thread blocked
+  // on cv_done waits for. The worker wakes cv_done only once it is reached, not
+  // after every task: a synchronize behind N queued tasks otherwise costs the
+  // worker N futex wake-ups and the waiter N reschedules. Waiters register
+  // through completed_or_wake_at, the predicate of every cv_done wait.
+  uint64_t wake_at = UINT64_MAX;
   bool worker_started = false;
   bool worker_waiting = false;     // the worker blocks on cv_work (submit() must notify)
   // `submitted` mirrored for the worker's lock-free spin (Note [Worker spin], stream.cpp).
   std::atomic<uint64_t> submitted_hint{0};
+  // cv_done wait predicate (mu held): true once `target` tasks completed, else registers the wait.
+  bool completed_or_wake_at(uint64_t target) {
+    if (completed >= target) return true;
+    if (target < wake_at) wake_at = target;
+    return false;
+  }
   // Non-null while the stream captures (graph.cpp): submit() records instead of queuing.
   std::shared_ptr<vnpu::rt::Capture> capture;
   int san_slot = -1;               // sanitizer: index of the stream's clock (sanitizer.cpp's lock)

@@ -577,7 +577,7 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream) {
     s->submit("sanitizer poison", [ptr, bytes, wait_for = std::move(wait_for)] {
       for (auto& [other, target] : wait_for) {  // streams still using it without record_stream
         std::unique_lock<std::mutex> lk(other->mu);
-        other->cv_done.wait(lk, [&, target = target] { return other->completed >= target; });
+        other->cv_done.wait(lk, [&, target = target] { return other->completed_or_wake_at(target); });
       }
       std::memset(ptr, 0xFF, bytes);
     }, nullptr, {vnpuActivityKindMemset, bytes, vnpuMemcpyHostToHost, false});

@@ -100,12 +100,15 @@ void run_worker(vnpuStream_st* s) {
     }
     // Before the task counts as complete, so a synchronize sees its record.
     if (task.record) add_activity(s, task, start_ns, activity_now_ns(), failed);
+    bool wake;
     {
       std::lock_guard<std::mutex> lk(s->mu);
       ++s->completed;
       if (task.on_complete) task.on_complete();  // lock order: stream, then event
+      wake = s->completed >= s->wake_at;  // Note [Completion wake-ups] (internal.h)
+      if (wake) s->wake_at = UINT64_MAX;
     }
-    s->cv_done.notify_all();
+    if (wake) s->cv_done.notify_all();
   }
 }
 
@@ -195,7 +198,7 @@ bool vnpuStream_st::wait_idle(bool interruptible, bool orders_host) {
   {
     std::unique_lock<std::mutex> lk(mu);
     uint64_t target = submitted;
-    done = wait_interruptible(lk, cv_done, [&] { return completed >= target; }, interruptible);
+    done = wait_interruptible(lk, cv_done, [&] { return completed_or_wake_at(target); }, interruptible);
   }
   if (done && orders_host && san::on()) san::host_waited_stream(this);  // Note [Sanitizer clocks]
   return done;
