@@ -114,3 +114,42 @@ def test_without_the_sanitizer_and_under_port_mode_nothing_is_reported(tmp_path)
     proc = _run(["-m", "torch_vnpu.port.run", NANOGPT, f"--out={tmp_path / 'b.json'}"], tmp_path)
     assert _reports(proc.stderr) == []
     assert json.loads((tmp_path / "b.json").read_text())["fused"] is True
+
+
+def test_calls_made_by_installed_packages_are_not_reported(tmp_path):
+    # torchao, transformers... test torch.cuda themselves: not the user's code to change (the break test of
+    # 2026-12-02 got four reports from torchao in a clean Hugging Face script).
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "thirdparty.py").write_text(textwrap.dedent("""
+        import torch
+        AT_IMPORT = torch.cuda.is_available()
+        def probe():
+            return torch.cuda.is_bf16_supported(), torch.cuda.amp.GradScaler()
+    """))
+    (tmp_path / "user.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(site)!r})
+        import torch, thirdparty
+        thirdparty.probe()
+        torch.cuda.is_available()                # line 6: the user's own call is reported
+    """))
+    proc = _run(["user.py"], tmp_path)
+    assert [(os.path.basename(p), n) for p, n, _ in _reports(proc.stderr)] == [("user.py", 6)]
+
+
+def test_a_value_other_than_1_keeps_the_sanitizer_off_and_warns(tmp_path):
+    # PyTorch's rule for boolean variables ("1" on, "0" off): "true" used to switch check 5 on while the runtime
+    # kept the other checks off, so the user saw sanitizer output and believed it was on.
+    (tmp_path / "p.py").write_text(textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("always")
+        import torch
+        torch.cuda.is_available()
+        with warnings.catch_warnings(record=True) as w:
+            torch.ones(1, device="vnpu")
+        print(torch.vnpu.sanitizer.is_enabled(), any("VNPU_SANITIZE" in str(x.message) for x in w))
+    """))
+    proc = _run(["p.py"], tmp_path, sanitize=False, extra_env={"VNPU_SANITIZE": "true"})
+    assert _reports(proc.stderr) == []
+    assert proc.stdout.split() == ["False", "True"], (proc.stdout, proc.stderr[-2000:])

@@ -109,7 +109,9 @@ def _register() -> None:
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)
     import os
 
-    if os.environ.get("VNPU_SANITIZE", "0").strip() not in ("", "0"):  # imported only when asked for
+    # Imported only when asked for. The runtime's rule for boolean variables: "1" on; any other value keeps the
+    # default (off), and the runtime warns about it at the device's first use.
+    if os.environ.get("VNPU_SANITIZE") == "1":
         from . import sanitizer
 
         sanitizer._enable_from_environment()

@@ -68,6 +68,11 @@ def reports() -> list[Report]:
         return list(_reports)
 
 
+# Installed third-party packages (transformers, torchao, ...): their CUDA tests are not the user's to change
+# (the port mode maps them), so calls made there are not reported.
+_THIRD_PARTY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
 def _is_library(frame) -> bool:
     path = frame.f_code.co_filename
     if path.startswith("<frozen"):
@@ -76,13 +81,21 @@ def _is_library(frame) -> bool:
     return path.startswith(_LIBRARY_DIRS) or path in _LIBRARY_FILES
 
 
+def _is_third_party(frame) -> bool:
+    path = os.path.abspath(frame.f_code.co_filename)
+    return any(d in path for d in _THIRD_PARTY_DIRS)
+
+
 def _user_frame(frame, walk: bool):
     """``frame`` if it is user code; with ``walk``, the innermost user frame outside torch and torch_vnpu
-    (torch.cuda.amp's classes call the torch.amp ones); else None (torch's own calls are not reported)."""
+    (torch.cuda.amp's classes call the torch.amp ones); else None (calls made by torch itself or by an installed
+    package are not reported)."""
     while frame is not None and _is_library(frame):
         if not walk:
             return None
         frame = frame.f_back
+    if frame is not None and _is_third_party(frame):
+        return None
     return frame
 
 
