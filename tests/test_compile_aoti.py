@@ -6,6 +6,8 @@ the current stream, asynchronous. Oracle: eager CPU on the same inputs and weigh
 Two packages are compiled once per module (an MLP with a dynamic batch, a conv + batch norm model).
 Wrong-device input behaves as on CUDA (AOTInductor checks input devices only with AOTI_RUNTIME_CHECK_INPUTS=1).
 """
+import copy
+import ctypes
 import os
 import subprocess
 import sys
@@ -13,14 +15,17 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compile_models import ConvBN  # noqa: E402
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 class MLP(nn.Module):
-    """An MLP whose second output goes through ``topk``, an ATen fallback (AOTInductor's proxy executor)."""
+    """An MLP with two ATen fallbacks: ``topk`` (through AOTInductor's proxy executor) and ``randperm`` with a
+    device argument (a boxed dispatcher call on vnpu: the proxy executor would make it on the CPU)."""
 
     def __init__(self):
         super().__init__()
@@ -28,18 +33,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         y = self.net(x)
-        return y, y.topk(3, dim=1).values
-
-
-class ConvBN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+        return y, y.topk(3, dim=1).values, torch.randperm(x.shape[0], device=x.device)
 
 
 def _package(model, example, path, dynamic_shapes=None):
@@ -78,15 +72,22 @@ def test_mlp_package_matches_eager_cpu_for_two_batch_sizes(mlp):
     torch.vnpu.reset_op_stats()
     for n in (4, 13):  # one package, dynamic batch
         x = torch.randn(n, 16)
-        out, top = package(x.to("vnpu"))
-        assert out.device == top.device == torch.device("vnpu:0") and out.shape == (n, 8) and top.shape == (n, 3)
+        torch.manual_seed(n)
+        out, top, perm = package(x.to("vnpu"))
+        torch.manual_seed(n)
+        ref_perm = torch.randperm(n, device="vnpu")  # eager vnpu, same generator state
+        assert out.device == top.device == perm.device == torch.device("vnpu:0")
+        assert out.shape == (n, 8) and top.shape == (n, 3) and perm.dtype == torch.int64
         with torch.no_grad():
-            ref, ref_top = cpu(x)
+            ref, ref_top, _ = cpu(x)
         torch.testing.assert_close(out.cpu(), ref, **TOL)
         torch.testing.assert_close(top.cpu(), ref_top, **TOL)
-    # The extern kernels (boxed dispatcher calls) and the fallback (the proxy executor) ran as vnpu ops.
+        assert torch.equal(perm.cpu(), ref_perm.cpu()), (perm, ref_perm)
+    # The extern kernels (boxed dispatcher calls) and the fallbacks (topk through the proxy executor, randperm
+    # boxed) ran as vnpu ops.
     ops = torch.vnpu.get_executed_ops()
     assert ops.get("aten::addmm.out", 0) >= 4 and ops.get("aten::topk", 0) == 2, ops
+    assert sum(n for op, n in ops.items() if op.startswith("aten::randperm")) >= 2, ops
 
 
 def test_conv_bn_package_matches_eager_cpu(convbn):
@@ -109,7 +110,7 @@ def test_call_is_asynchronous_and_allocates_from_the_caching_allocator(mlp):
     y = a
     for _ in range(4):  # ~0.1-1 s of queued work
         y = y @ a
-    out, _ = package(xv)
+    out = package(xv)[0]
     assert not torch.vnpu.current_stream().query()  # the call enqueued its kernels and returned
     torch.vnpu.synchronize()
     assert torch.vnpu.memory_stats()["allocation.all.allocated"] - before >= 5  # 4 eager + the graph's buffers
@@ -143,19 +144,103 @@ def test_stream_order_on_a_side_stream_with_events(mlp):
         torch.testing.assert_close(r, ref, rtol=1e-4, atol=1e-4)
 
 
+def _with_weights(cpu, weights):
+    """A copy of the CPU model with ``weights`` (CPU tensors by FQN) replacing its own."""
+    model = copy.deepcopy(cpu)
+    with torch.no_grad():
+        for name, value in weights.items():
+            model.get_parameter(name).copy_(value)
+    return model
+
+
+def test_weights_replaced_after_loading(mlp):
+    # load_constants on vnpu, as on CUDA without recompiling: vnpu tensors are copied to the model's device (in
+    # stream order: the update waits for queued work, and a run after it reads the new weights); CPU tensors
+    # need allow_h2d_copy; user-managed vnpu tensors are used in place; use_inactive leaves the running weights.
+    cpu, path, _ = mlp
+    package = torch._inductor.aoti_load_package(path)  # its own weights: the module's package keeps the old
+    names = sorted(package.get_constant_fqns())
+    assert names and set(names) <= {n for n, _ in cpu.named_parameters()}
+    x = torch.randn(6, 16)
+    xv = x.to("vnpu")
+
+    def check(weights):
+        with torch.no_grad():
+            torch.testing.assert_close(package(xv)[0].cpu(), _with_weights(cpu, weights)(x)[0], **TOL)
+
+    torch.manual_seed(3)
+    new = {n: torch.randn_like(cpu.get_parameter(n)) for n in names}
+    a = torch.randn(1024, 1024, device="vnpu")
+    late = (a @ a @ a).sum() * 0  # the new weights are produced behind ~0.1-1 s of queued work
+    package.load_constants({n: v.to("vnpu") + late for n, v in new.items()}, check_full_update=True)
+    check(new)
+
+    new2 = {n: v * 0.5 + 1 for n, v in new.items()}
+    with pytest.raises(RuntimeError, match="allow_h2d_copy"):
+        package.load_constants(new2, check_full_update=True)
+    check(new)  # unchanged after the refusal
+    package.load_constants(new2, check_full_update=True, allow_h2d_copy=True)
+    check(new2)
+
+    # Inactive buffer: the running weights stay (AOTInductor swaps buffers only through its C++ runner).
+    package.loader.load_constants({n: v.to("vnpu") * 3 for n, v in new.items()}, True, True)
+    check(new2)
+
+    # User-managed: the model reads the caller's vnpu tensors, so an in-place change is seen by the next run.
+    managed = {n: v.to("vnpu") for n, v in new.items()}
+    package.load_constants(managed, check_full_update=True, user_managed=True)
+    check(new)
+    for v in managed.values():
+        v.mul_(-2)
+    check({n: v * -2 for n, v in new.items()})
+
+    with pytest.raises(RuntimeError, match="has shape"):
+        package.load_constants({names[0]: torch.zeros(3, device="vnpu")}, check_full_update=False)
+    check({n: v * -2 for n, v in new.items()})
+
+
+def _handle(pointer: int):
+    """A C pointer as AOTInductor's Python run() takes a stream handle (pybind11's void*: a PyCapsule)."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(pointer, None, None)
+
+
+def test_explicit_stream_argument_runs_on_that_stream(mlp):
+    # AOTInductor's run(inputs, stream_handle) with a vnpu stream (torch.vnpu.Stream.vnpu_stream), as with a
+    # cudaStream_t on CUDA: the model's work is queued on that stream, behind what is queued there, while the
+    # current stream stays idle.
+    cpu, _, package = mlp
+    torch.manual_seed(4)
+    x, w = torch.randn(32, 512), torch.randn(512, 512) / 24
+    with torch.no_grad():
+        ref = cpu((x @ w)[:, :16])[0]
+    side = torch.vnpu.Stream()
+    with torch.vnpu.stream(side):
+        xv, wv = x.to("vnpu"), w.to("vnpu")
+        y = (xv @ wv @ torch.eye(512, device="vnpu"))[:, :16].contiguous()
+    torch.vnpu.current_stream().synchronize()
+    out = package.loader.run([y], _handle(side.vnpu_stream))[0]
+    assert torch.vnpu.current_stream().query()  # nothing was queued on the current stream
+    side.synchronize()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="not a stream of vnpu:0"):
+        package.loader.run([y], _handle(12345))
+
+
 def test_package_loads_and_runs_in_a_fresh_process_and_checks_input_devices(mlp, tmp_path):
     # With AOTI_RUNTIME_CHECK_INPUTS=1 the model checks each input's device type (as on CUDA: the message is
     # AOTInductor's, its expected value printed twice, "2020(vnpu)" as "11(cuda)").
     cpu, path, _ = mlp
     x = torch.randn(7, 16)
     with torch.no_grad():
-        torch.save({"x": x, "ref": cpu(x)}, tmp_path / "io.pt")
+        torch.save({"x": x, "ref": cpu(x)[:2]}, tmp_path / "io.pt")
     code = (
         "import sys, torch\n"
         "io = torch.load(sys.argv[2])\n"
         "package = torch._inductor.aoti_load_package(sys.argv[1])\n"
         "out = package(io['x'].to('vnpu'))\n"
-        "torch.testing.assert_close([o.cpu() for o in out], list(io['ref']), rtol=1e-5, atol=1e-5)\n"
+        "torch.testing.assert_close([o.cpu() for o in out[:2]], list(io['ref']), rtol=1e-5, atol=1e-5)\n"
         "print('ok', out[0].device)\n"
         "try:\n"
         "    package(io['x'])\n"

@@ -12,13 +12,14 @@ import sys
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compile_models import MLP, ConvBN, Attention  # noqa: E402
+
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -45,40 +46,6 @@ def _check_vnpu_wrapper(codes):
         # (vnpu's runtime header defines aoti_torch_vnpu_view_dtype as `return aoti_torch_cpu_view_dtype(...)`)
         assert not re.search(r"(?<!return )aoti_torch_cpu_|cached_torch_device_type_cpu", src), src
     assert any("torch_vnpu_cpp_wrapper::launch(" in _cpp_source(code) for code in codes)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class ConvBN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
-
-
-class Attention(nn.Module):
-    def __init__(self, dim=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
 def _train_step_parity(make, x):

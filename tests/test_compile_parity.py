@@ -15,43 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_gpt  # noqa: E402
+from compile_models import MLP, ConvBN, Attention  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class ConvBN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
-
-
-class Attention(nn.Module):
-    def __init__(self, dim=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
 def test_compiled_scatter_reduce_sum_is_deterministic_as_on_cpu():

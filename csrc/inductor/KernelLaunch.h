@@ -63,7 +63,8 @@ struct InductorLaunchApi {
                                  void (*destroy)(void*));
 };
 
-constexpr int kInductorLaunchApiVersion = 5;
+// 6: vnpu AOTInductor models' torch_vnpu_aoti_attach takes the runner's weight table (AotiRunner.cpp).
+constexpr int kInductorLaunchApiVersion = 6;
 
 const InductorLaunchApi* inductor_launch_api();
 

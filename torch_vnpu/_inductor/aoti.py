@@ -8,8 +8,11 @@ vnpu's model runner, which copies the weights to vnpu and hands the model the
 launch API.
 
 Only packages are supported (``aoti_compile_and_package``, i.e.
-``aot_inductor.package=True``): a bare ``.so`` (``torch._export.aot_compile``)
-raises NotImplementedError.
+``aot_inductor.package=True``): a bare ``.so`` (``torch._inductor.aot_compile``)
+raises NotImplementedError, because torch 2.13's loader for it,
+``torch._export.aot_load(so_path, device)``, knows the devices cpu/cuda/xpu/mps
+only (no runner registry, unlike ``aoti_load_package``), and the API is deprecated
+in favour of packages.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def apply() -> None:
         if not config.aot_inductor.package:
             raise NotImplementedError(
                 "AOTInductor on vnpu builds packages only: use torch._inductor.aoti_compile_and_package and "
-                "torch._inductor.aoti_load_package"
+                "torch._inductor.aoti_load_package (torch._export.aot_load, the bare .so's loader, has no vnpu runner)"
             )
         try:
             files = compile_fn(cls, graph, wrapper_code, kernel_code, serialized_extern_kernel_nodes,

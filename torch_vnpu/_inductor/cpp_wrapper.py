@@ -51,6 +51,10 @@ from .wrapper import _graph_label
 
 _DEVICE = "vnpu"
 
+# A vnpu device literal of a boxed dispatcher call, and its AOTInductor replacement (the loaded device).
+_VNPU_DEVICE_LITERAL = re.compile(r"c10::Device\(at::kPrivateUse1, \d+\)")
+_LOADED_DEVICE = "c10::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(torch_vnpu_cpp_wrapper::device_index))"
+
 # C++ spliced into the header of every C++ wrapper of a vnpu graph: _RUNTIME_HEAD, then the JIT or the AOT
 # part (how the launch API is found and how a launch error is raised), then _RUNTIME_TAIL.
 _RUNTIME_HEAD = r"""
@@ -65,7 +69,7 @@ _RUNTIME_HEAD = r"""
 
 namespace torch_vnpu_cpp_wrapper {
 
-// at::vnpu::InductorLaunchApi, version 5.
+// at::vnpu::InductorLaunchApi, version 6 (6: torch_vnpu_aoti_attach takes the weight table).
 struct LaunchApi {
   int version;
   int (*launch)(const char*, long, void (*)(void*), void*, void (*)(void*));
@@ -74,7 +78,7 @@ struct LaunchApi {
   int (*declare_access)(void*, int);
   const char* (*launch_or_error)(const char*, long, void (*)(void*), void*, void (*)(void*));
 };
-constexpr int kLaunchApiVersion = 5;
+constexpr int kLaunchApiVersion = 6;
 
 static const LaunchApi* api = nullptr;
 """
@@ -116,10 +120,10 @@ _RUNTIME_AOT = r"""
 // The vnpu device the package was loaded for (aoti_load_package's device_index, or the current device).
 static long device_index = -1;
 
-// The model's weights by constant index: vnpu copies (owned by the runner) of the CPU constants.
+// The model's weights: the runner's table of vnpu copies, by buffer slot and constant index (Note [vnpu
+// weights of an AOTInductor model] in csrc/inductor/AotiRunner.cpp).
 static size_t num_weights = 0;
-static void* const* weights_cpu = nullptr;
-static void* const* weights_vnpu = nullptr;
+static void* const* weight_table = nullptr;
 
 static inline void init() {
   if (!api) {
@@ -128,24 +132,29 @@ static inline void init() {
   }
 }
 
-// The vnpu copy of constant `index`, `cpu` (the model's CPU weight).
+// The vnpu copy of constant `index`, whose CPU constant in the container is `cpu`.
 static inline torch::aot_inductor::ConstantHandle weight(size_t index, const torch::aot_inductor::ConstantHandle& cpu) {
-  if (index >= num_weights || weights_vnpu[index] == nullptr || weights_cpu[index] != cpu.data_ptr()) {
-    throw std::runtime_error("a weight of this vnpu AOTInductor model changed after loading "
-                             "(update_constant_buffer is not supported on vnpu): load the package again");
+  void* data = cpu.data_ptr();
+  for (size_t slot = 0; index < num_weights && slot < 2; ++slot) {
+    void* const* entry = weight_table + 2 * (slot * num_weights + index);
+    void* vnpu = __atomic_load_n(&entry[1], __ATOMIC_ACQUIRE);
+    if (vnpu != nullptr && __atomic_load_n(&entry[0], __ATOMIC_ACQUIRE) == data) {
+      return torch::aot_inductor::ConstantHandle(static_cast<AtenTensorHandle>(vnpu));
+    }
   }
-  return torch::aot_inductor::ConstantHandle(static_cast<AtenTensorHandle>(weights_vnpu[index]));
+  throw std::runtime_error("a weight of this vnpu AOTInductor model changed in a way vnpu's runner does not track: "
+                           "update weights with load_constants / update_constant_buffer, or load the package again");
 }
 
 // The device guard of run_impl: the device the package was loaded for. The model runs on that device's
-// current stream (torch.vnpu.stream(s) picks it); AOTInductor's explicit stream argument is not supported.
+// current stream; vnpu's runner makes an explicit stream handle current before the run and passes none.
 class AotiStreamGuard {
  public:
   AotiStreamGuard(void* stream, int32_t /*the CPU runtime's device_idx_*/)
       : guard_(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index))) {
     if (stream != nullptr) {
-      throw std::invalid_argument("a vnpu AOTInductor model runs on the current vnpu stream: pass no stream "
-                                  "handle, and select the stream with torch.vnpu.stream(s)");
+      throw std::invalid_argument("a vnpu AOTInductor model got a stream handle past vnpu's runner: load it "
+                                  "with torch._inductor.aoti_load_package, with torch_vnpu installed");
     }
   }
 
@@ -166,14 +175,13 @@ static inline void launch(const char* name, int64_t device, F&& kernel) {
 
 // Called by vnpu's AOTInductor model runner right after it loaded this model.
 extern "C" __attribute__((visibility("default"))) const char* torch_vnpu_aoti_attach(
-    const void* launch_api, int version, long device, size_t num_weights, void* const* cpu, void* const* vnpu) {
+    const void* launch_api, int version, long device, size_t num_weights, void* const* weight_table) {
   namespace w = torch_vnpu_cpp_wrapper;
   if (version != w::kLaunchApiVersion) return "it was compiled for another torch_vnpu version: compile it again";
   w::api = static_cast<const w::LaunchApi*>(launch_api);
   w::device_index = device;
   w::num_weights = num_weights;
-  w::weights_cpu = cpu;
-  w::weights_vnpu = vnpu;
+  w::weight_table = weight_table;
   return nullptr;
 }
 
@@ -275,6 +283,30 @@ class VnpuCppWrapperCodeCache(CppWrapperCodeCache):
         VnpuCppWrapperCodeCache.cache.clear()
 
 
+# Schema defaults of ScalarType/Layout/MemoryFormat arguments are their C++ enum values (c10/core/ScalarType.h,
+# Layout.h, MemoryFormat.h); the boxed call's code generator takes the Python objects.
+_ENUMS = {
+    "ScalarType": dict(enumerate([torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                                  torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
+                                  torch.bool, torch.qint8, torch.quint8, torch.qint32, torch.bfloat16])),
+    "Layout": {0: torch.strided},
+    "MemoryFormat": {0: torch.contiguous_format, 1: torch.preserve_format, 2: torch.channels_last,
+                     3: torch.channels_last_3d},
+}
+
+
+def _enum_value(value, arg_type):
+    """``value`` of an argument of schema type ``arg_type``, an int enum value replaced by its Python object."""
+    if isinstance(arg_type, torch.OptionalType):
+        arg_type = arg_type.getElementType()
+    table = _ENUMS.get(repr(arg_type))
+    if table is None or not isinstance(value, int) or isinstance(value, bool):
+        return value
+    if value not in table:
+        raise NotImplementedError(f"AOTInductor on vnpu: {arg_type} value {value} of a fallback kernel")
+    return table[value]
+
+
 def _c_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -290,9 +322,12 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
         if V.graph.aot_mode and V.graph.const_module is not None:
+            # Not done: the folding graph is a second C++ wrapper spliced into the model (vnpu's runtime header
+            # would be emitted twice), and its outputs, vnpu tensors, would enter the CPU-created container's
+            # constants, which vnpu's weight table (csrc/inductor/AotiRunner.cpp) does not hold.
             raise NotImplementedError(
                 "AOTInductor on vnpu: runtime constant folding (aot_inductor.use_runtime_constant_folding) is not "
-                "supported; compile without it"
+                "supported; compile without it (Inductor still folds constants at compile time)"
             )
         return VnpuCppWrapperCodegen()
 
@@ -416,7 +451,58 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
 
     def _dispatch(self, op_overload, raw_args, output_args, raw_outputs) -> None:
         """A boxed dispatcher call of ``op_overload``: the vnpu op, which the executor enqueues."""
+        start = len(self.lines)
         self.generate_fallback_kernel_with_runtime_lookup_boxed(op_overload, raw_args, output_args, raw_outputs)
+        if V.graph.aot_mode:
+            # A vnpu device argument is the device the package was loaded for, not the one it was compiled on.
+            for i in range(start, len(self.lines)):
+                if isinstance(self.lines[i], str):
+                    self.lines[i] = _VNPU_DEVICE_LITERAL.sub(_LOADED_DEVICE, self.lines[i])
+
+    # AOTInductor runs ATen fallbacks through its proxy executor, which replaces every Device argument by the
+    # runner's device: the CPU for vnpu's CPU-created model (Note [AOTInductor on vnpu] in
+    # csrc/inductor/AotiRunner.cpp), so randperm(n, device=vnpu) would make a CPU tensor. Fallbacks with a
+    # Device argument are boxed dispatcher calls instead, like the JIT C++ wrapper's.
+    def _boxed_fallback_in_aot(self, buf_name, op_overload):
+        """The FallbackKernel of ``buf_name`` if it is a vnpu AOT fallback with a Device argument, else None."""
+        if not V.graph.aot_mode or not isinstance(op_overload, torch._ops.OpOverload):
+            return None
+
+        def has_device(t) -> bool:
+            return has_device(t.getElementType()) if isinstance(t, torch.OptionalType) else isinstance(
+                t, torch.DeviceObjType)
+
+        if not any(has_device(a.type) for a in op_overload._schema.arguments):
+            return None
+        node = V.graph.try_get_buffer(buf_name)
+        if not isinstance(node, ir.FallbackKernel) or not self._on_vnpu(node):
+            return None
+        if not self._compatible_with_cpp_boxed_dispatch(op_overload):
+            raise NotImplementedError(f"AOTInductor on vnpu: fallback {op_overload} takes a device but its schema "
+                                      "cannot be called through the dispatcher from C++; compile without AOTInductor")
+        return node
+
+    def generate_fallback_kernel_with_runtime_lookup(self, buf_name, python_kernel_name, get_args, op_overload,
+                                                     raw_args, outputs) -> None:
+        self._fallback_node = self._boxed_fallback_in_aot(buf_name, op_overload)
+        try:
+            super().generate_fallback_kernel_with_runtime_lookup(buf_name, python_kernel_name, get_args, op_overload,
+                                                                 raw_args, outputs)
+        finally:
+            self._fallback_node = None
+
+    def generate_fallback_kernel_with_runtime_lookup_aot(self, op_overload, raw_args, output_args,
+                                                         raw_outputs) -> None:
+        node = getattr(self, "_fallback_node", None)
+        if node is None:
+            return super().generate_fallback_kernel_with_runtime_lookup_aot(op_overload, raw_args, output_args,
+                                                                           raw_outputs)
+        # The arguments in schema order, as FallbackKernel.export_extern_kernel_node gives them in JIT mode.
+        args, kwargs = node.unflatten_args(node.inputs, node.constant_args)
+        args = node.fill_non_provided_args(args, kwargs)
+        ordered_kwargs = [node.get_kwargs_value(key, **kwargs) for key in node.ordered_kwargs_for_cpp_kernel]
+        values = [_enum_value(v, a.real_type) for v, a in zip([*args, *ordered_kwargs], op_overload._schema.arguments)]
+        self._dispatch(op_overload, values, output_args, raw_outputs)
 
     @staticmethod
     def _schema_args(node, *, out=None) -> list:

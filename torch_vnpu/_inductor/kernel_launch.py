@@ -51,7 +51,7 @@ static const VnpuLaunchApi* vnpu_launch_api() {{
     static const VnpuLaunchApi* api = nullptr;
     if (!api) {{
         auto* found = static_cast<const VnpuLaunchApi*>(PyCapsule_Import("torch_vnpu._C._inductor_launch_api", 0));
-        if (found && found->version != 5) {{
+        if (found && found->version != 6) {{
             PyErr_SetString(PyExc_RuntimeError, "this compiled vnpu kernel was built for another torch_vnpu version");
             return nullptr;
         }}
