@@ -127,7 +127,7 @@ def test_compiled_arg_reductions_over_permuted_inputs_match_eager():
         assert torch.equal(c.cpu(), ref) and torch.equal(e.cpu(), ref)
 
 
-class Norms(nn.Module):
+class LayerNormGeluStandardize(nn.Module):
     def __init__(self):
         super().__init__()
         self.ln = nn.LayerNorm(48)
@@ -143,7 +143,7 @@ def test_compiled_norms_are_bitwise_compiled_cpu():
     # Inductor picks the variance algorithm (two-pass or Welford) and when to realize intermediates by
     # asking whether the device is the CPU; vnpu runs CPU's C++ kernels and must take CPU's choices.
     torch.manual_seed(0)
-    cpu = Norms()
+    cpu = LayerNormGeluStandardize()
     vn = copy.deepcopy(cpu).to("vnpu")
     x = torch.randn(4, 32, 48)
     out_cpu = torch.compile(cpu)(x)
