@@ -204,6 +204,29 @@ def pinned_staging_rewritten(fix: bool):
     return got, torch.cat(expected)
 
 
+def pinned_staging_rewritten_then_item(fix: bool):
+    """The staging buffer is refilled while its upload is queued, and the program's last vnpu call is an
+    .item() of a result computed from the upload: the wait inside .item() must raise, not return the later
+    batch's sum. Fix: synchronize the stream before refilling the buffer."""
+    staging = torch.empty(N, dtype=torch.float32, pin_memory=True)
+    torch.vnpu._sleep(BUSY_NS // 5)
+    v = values()
+    staging.copy_(v)
+    up = staging.to("vnpu", non_blocking=True)
+    if fix:
+        torch.vnpu.current_stream().synchronize()
+    staging.copy_(values())  # the next batch
+    return torch.tensor(up.double().sum().item(), dtype=torch.float64), v.double().sum()
+
+
+def free_race_as_last_vnpu_call(fix: bool):
+    """A free without record_stream and then no vnpu call at all: its report comes at exit (stderr, exit
+    status 1). Fix: record_stream."""
+    _read_on_side_then_drop(fix)
+    nothing = torch.zeros(1)
+    return nothing, nothing
+
+
 def graph_replay_race(fix: bool):
     """A side stream writes a graph's static input while a replay on the default stream reads it, with
     nothing ordering the two. Fix: the replaying stream waits for the side stream (wait_stream or an event)."""
@@ -234,6 +257,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  free_race_reader_result, strided_slices_from_two_streams,
                                  column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
+                                 pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call,
                                  graph_replay_race)}
 
 

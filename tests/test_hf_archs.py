@@ -45,6 +45,12 @@ def test_harness_detects_a_mismatch():
     assert hf_coverage.compare_grads(g, {"w": torch.ones(4, 4)}) == []
     assert hf_coverage.compare_grads(g, {"w": torch.ones(4, 4) * 1.01})
     assert hf_coverage.compare_grads(g, {"w": None})
+    # Compiled: a zero gradient where eager gives None is AOTAutograd's (noted), any other value is not.
+    notes = []
+    assert hf_coverage.compare_grads({"w": None}, {"w": torch.zeros(4, 4)}, compiled=True, notes=notes) == []
+    assert notes and "131794" in notes[0]
+    assert hf_coverage.compare_grads({"w": None}, {"w": torch.zeros(4, 4)})
+    assert hf_coverage.compare_grads({"w": None}, {"w": torch.full((4, 4), 1e-3)}, compiled=True)
     toks = torch.tensor([[5, 6, 7]])
     logits = [torch.tensor([[0.0] * 10]).index_fill(1, torch.tensor([5]), 3.0)] * 3
     assert hf_coverage.compare_generate(toks, logits, toks.clone())[0]

@@ -108,6 +108,35 @@ def test_pinned_staging_buffer_rewritten_while_upload_queued():
     assert sanitized("pinned_staging_rewritten", fix=True) == {"ok": 0.0}
 
 
+def test_pinned_rewrite_found_by_item_raises_there():
+    """The wait inside .item() finds the rewritten source (Note [Pinned uploads]); before, it returned the
+    later batch's sum and the report waited for a next vnpu call that never came."""
+    assert wrong_without_sanitizer("pinned_staging_rewritten_then_item")
+    r = sanitized("pinned_staging_rewritten_then_item", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    assert "stream race on pinned memory" in r["message"] and "'memcpy DtoH'" in r["message"]
+    assert sanitized("pinned_staging_rewritten_then_item", fix=True) == {"ok": 0.0}
+
+
+def test_report_pending_at_exit_is_printed_and_fails_the_process():
+    """A free without record_stream as the last vnpu work: reported at exit, exit status 1 (before: lost)."""
+    def run(fix):
+        return subprocess.run(
+            [sys.executable, os.path.join(_HERE, "sanitizer_cases.py"), "free_race_as_last_vnpu_call", fix],
+            cwd=_HERE, env=dict(os.environ, VNPU_SANITIZE="1"), capture_output=True, text=True, timeout=120,
+        )
+
+    bad = run("0")
+    assert bad.returncode == 1, (bad.returncode, bad.stderr[-3000:])
+    assert json.loads(bad.stdout.strip().splitlines()[-1]) == {"ok": 0.0}  # the program's own output came first
+    assert "found after the program's last vnpu call" in bad.stderr
+    assert "StreamRaceError" in bad.stderr and "stream race at a free" in bad.stderr
+    assert "record_stream" in bad.stderr
+    good = run("1")
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert "last vnpu call" not in good.stderr
+
+
 def test_stream_race_missing_wait_stream():
     assert wrong_without_sanitizer("missing_wait_stream")
     r = sanitized("missing_wait_stream", fix=False)

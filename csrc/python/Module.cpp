@@ -131,6 +131,7 @@ PYBIND11_MODULE(_C, m) {
   });
   // Raises HostAccessError if host code touched device memory since the last report.
   m.def("_sanitizer_check_host_access", [] { VNPU_CHECK(vnpuSanitizerCheckHostAccess()); });
+  m.def("_sanitizer_errors_raised", &at::vnpu::sanitizer::errors_raised);
   m.def("_configuration_warnings", [] { return std::string(vnpuGetConfigurationWarningString()); });
   m.def("_check_device_index", &c10::vnpu::check_device_index);
   m.def("_current_device", &c10::vnpu::current_device);

@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
 namespace py = pybind11;
@@ -415,7 +416,12 @@ void host_access(const char* name, const Accesses& accesses) {
   VNPU_CHECK(e);
 }
 
+std::atomic<uint64_t> g_raised{0};
+
+uint64_t errors_raised() { return g_raised.load(std::memory_order_relaxed); }
+
 void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
+  g_raised.fetch_add(1, std::memory_order_relaxed);
   vnpuSanitizerReport r;
   vnpuSanitizerGetLastReport(&r);
   std::string msg = describe(err, op, accesses, r);

@@ -73,6 +73,9 @@ void host_access(const char* name, const Accesses& accesses);
 // and the fix.
 [[noreturn]] void raise(vnpuError_t err, const char* op, const Accesses* accesses);
 
+// How many sanitizer errors this process raised so far (the at-exit report is skipped after one).
+uint64_t errors_raised();
+
 // The op the calling thread runs, for allocation sites (set by the executor
 // while the sanitizer is on).
 class CurrentOp {

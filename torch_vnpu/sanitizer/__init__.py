@@ -25,6 +25,9 @@ Turn it on with the environment variable ``VNPU_SANITIZE=1`` or :func:`enable` b
 vnpu device. It is off by default; off, it costs one relaxed atomic load per launch.
 """
 
+import atexit
+import os
+import sys
 import warnings
 
 import torch
@@ -75,8 +78,7 @@ def enable() -> None:
             "initialized, and earlier work was not tracked). Set VNPU_SANITIZE=1 in the environment, or call "
             "torch.vnpu.sanitizer.enable() at the start of the program."
         )
-    _warn_if_host_access_check_off()
-    cuda_calls.install()
+    _install()
 
 
 def is_enabled() -> bool:
@@ -86,5 +88,33 @@ def is_enabled() -> bool:
 
 def _enable_from_environment() -> None:
     """At ``import torch`` with ``VNPU_SANITIZE=1``: the runtime read the variable itself; check 5 is Python."""
+    _install()
+
+
+def _install() -> None:
     _warn_if_host_access_check_off()
     cuda_calls.install()
+    atexit.unregister(_report_pending_at_exit)  # enable() may run more than once
+    atexit.register(_report_pending_at_exit)
+
+
+def _report_pending_at_exit() -> None:
+    """At interpreter exit: an error kept for the next vnpu call (a host access to device memory, a free
+    without ``record_stream``) is lost when the program makes no vnpu call after it. This asks the runtime
+    for it without waiting for the streams (a stream still waiting for a peer must not hang the exit); if
+    there is one, it prints the report to stderr and ends the process with exit status 1, as
+    AddressSanitizer does with what it finds at exit. Skipped once the process raised a sanitizer error
+    (what follows a caught error, such as the racing tensor's own free, is mostly its consequence)."""
+    if not torch.vnpu.is_initialized() or _C._sanitizer_errors_raised() > 0:
+        return
+    try:
+        _C._sanitizer_check_host_access()
+    except (StreamRaceError, UseAfterFreeError, HostAccessError) as e:
+        sys.stdout.flush()
+        print(
+            "VNPU_SANITIZE: an error was found after the program's last vnpu call (reported at exit; the "
+            f"process exits with status 1):\n{type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        os._exit(1)

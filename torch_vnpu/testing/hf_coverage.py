@@ -432,13 +432,25 @@ def _generate_static_compiled(model, ids, cfg):
     return out.sequences[:, ids.shape[1]:].cpu()
 
 
-def compare_grads(gc, gv):
-    """Mismatch descriptions of the per-parameter gradients (norm-relative, see module docstring)."""
+# What the compiled model may give where eager gives None: AOTAutograd materializes the gradients of graph
+# outputs the loss does not use as zeros, so parameters that only reach those outputs get a zero gradient
+# (pytorch/pytorch#131794; compiled CPU does the same, e.g. big_bird's unused pooler).
+UNUSED_OUTPUT_ZERO_GRAD = "zero gradient where eager gives None (AOTAutograd, pytorch/pytorch#131794)"
+
+
+def compare_grads(gc, gv, compiled=False, notes=None):
+    """Mismatch descriptions of the per-parameter gradients (norm-relative, see module docstring).
+    ``compiled``: ``gv`` comes from a compiled model; an all-zero gradient where ``gc`` has None is then
+    upstream behaviour (:data:`UNUSED_OUTPUT_ZERO_GRAD`), listed in ``notes`` instead."""
     import torch
 
     bad = []
     for n, a in gc.items():
         b = gv.get(n)
+        if compiled and a is None and b is not None and not b.any():
+            if notes is not None:
+                notes.append(f"grad {n}: {UNUSED_OUTPUT_ZERO_GRAD}")
+            continue
         if a is None or b is None:
             if (a is None) != (b is None):
                 bad.append(f"{n}: grad is None on {'cpu' if a is None else 'vnpu'} only")
@@ -574,7 +586,7 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
         except AssertionError as e:
             bad.append("logits: " + _short(str(e), 300))
         step("vnpu_backward")
-        bad += ["grad " + x for x in compare_grads(ref_grads, grads_v)]
+        bad += ["grad " + x for x in compare_grads(ref_grads, grads_v, compiled=compile, notes=res["notes"])]
         if ref_gen is not None:
             step("vnpu_generate")
             tv, _ = _generate(model_v, ids_v, cfg)

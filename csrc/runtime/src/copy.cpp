@@ -20,6 +20,17 @@ bool kind_ok(void* dst, const void* src, vnpuMemcpyKind kind) {
   return false;
 }
 
+// After a copy's host wait: a race that wait found (a rewritten pinned upload
+// source, Note [Pinned uploads]) or one pending since an earlier call is raised
+// here, before the caller reads what it copied (.item(), .cpu()), as a
+// synchronize raises it.
+vnpuError_t after_host_wait(vnpuStream_st* s, const char* name) {
+  if (san::on()) {
+    if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
+  }
+  return take_device_error(s->device);
+}
+
 vnpuError_t finish(vnpuStream_st* s, bool wait) {
   if (!wait && !launch_blocking()) return vnpuSuccess;
   // Only a synchronous copy orders the host (Note [Launch blocking and the sanitizer]).
@@ -95,7 +106,7 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
       pending->abandoned = true;
       return vnpuErrorInterrupted;
     }
-    return take_device_error(s->device);
+    return after_host_wait(s, "memcpy DtoH");
   } else {
     const char* name = kind == vnpuMemcpyDeviceToHost ? "memcpy DtoH"
                        : kind == vnpuMemcpyDeviceToDevice ? "memcpy DtoD"
