@@ -796,6 +796,8 @@ def _compile_section(res, command=None):
     command = m.get("command") or command
     if command:
         L.append(f"- command: `{command}`")
+    if m.get("history"):
+        L.append(f"- merged runs (`--update`): {len(m['history'])}, the last {m['history'][-1]}")
     L.append("- " + ", ".join(f"{s}: {counts[s]}" for s in STATUSES))
     L.append("")
     L.append("| architecture | status (compiled) | Dynamo graphs | static-cache generate (graphs) | cause / notes | s |")
@@ -971,12 +973,13 @@ def main(argv=None):
             merged.update(res["archs"])
             order = all_archs()
             res["archs"] = {x: merged[x] for x in order if x in merged}
+            ran = ",".join(a for a in order if a in res["archs"] and a in archs)
             res["meta"]["updated"] = res["meta"]["started"]
+            res["meta"]["history"] = old["meta"].get("history", []) + [f"{res['meta']['started']}: {ran}"]
             res["meta"]["started"] = old["meta"]["started"]
             res["meta"]["duration_s"] = old["meta"]["duration_s"] + res["meta"]["duration_s"]
-            if old["meta"].get("command"):
-                res["meta"]["command"] = old["meta"]["command"] + " (then: " + res["meta"]["command"] + ")"
-            res["meta"]["history"] = old["meta"].get("history", [])
+            # One run per batch of architectures: keep the first command, the rest is in the history.
+            res["meta"]["command"] = old["meta"].get("command") or res["meta"]["command"]
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
