@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,7 +27,11 @@ BlockingWaitHooks g_blocking_hooks;
 // task, the worker polls for the next one for a short while (as CUDA's default
 // schedule spins when there are CPUs to spare), and submit() notifies only a
 // worker that really blocks. VNPU_WORKER_SPIN_US overrides the window (0: block
-// at once).
+// at once). The poll yields the CPU (sched_yield) instead of busy-waiting: on a
+// machine with as many cores as busy threads (the Python thread, this worker,
+// its OpenMP helpers), a host thread that has work gets the core back at once,
+// and the worker still sees the next task without a wake-up. Measured on the
+// decode loop of benchmarks/hf_step.py (docs/STATUS.md, Host overhead).
 std::chrono::microseconds worker_spin() {
   static const std::chrono::microseconds us = [] {
     const char* v = std::getenv("VNPU_WORKER_SPIN_US");
@@ -43,10 +48,8 @@ void spin_for_work(const vnpuStream_st& s, uint64_t popped, std::chrono::microse
   const auto until = std::chrono::steady_clock::now() + spin;
   for (unsigned i = 1;; ++i) {
     if (s.submitted_hint.load(std::memory_order_acquire) != popped) return;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= until) return;
+    sched_yield();
+    if ((i & 7) == 0 && std::chrono::steady_clock::now() >= until) return;
   }
 }
 
