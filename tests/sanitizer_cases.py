@@ -137,6 +137,27 @@ def missing_wait_stream(fix: bool):
     return z.cpu(), v * 3 + 1
 
 
+def race_caught_then_retried(fix: bool):
+    """A program that catches the report and retries the same op (a notebook, a test harness): the same
+    missing ordering is reported once, not at every retry (Note [One report per race]). Returns the number
+    of reports against 1 (0 with the fix: wait_stream)."""
+    main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
+    x = values().to("vnpu")
+    torch.vnpu._sleep(BUSY_NS)
+    y = x * 3
+    if fix:
+        side.wait_stream(main)
+    reports = 0
+    for _ in range(3):
+        try:
+            with torch.vnpu.stream(side):
+                y + 1
+        except torch.vnpu.sanitizer.StreamRaceError:
+            reports += 1
+    torch.vnpu.synchronize()
+    return torch.tensor(float(reports)), torch.tensor(0.0 if fix else 1.0)
+
+
 def host_op_reads_side_stream(fix: bool):
     """A data-dependent op (runs on the host after syncing the current stream only) reads a tensor a side
     stream is still writing. Fix: the current stream waits for the side stream."""
@@ -257,7 +278,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  free_race_reader_result, strided_slices_from_two_streams,
                                  column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
-                                 pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call,
+                                 pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,
                                  graph_replay_race)}
 
 

@@ -107,6 +107,28 @@ def test_repeated_calls_report_once_and_torch_internal_calls_are_not_reported(tm
     assert proc.stdout.strip() == "1"
 
 
+def test_is_cuda_read_on_a_vnpu_tensor_in_an_imported_module_is_reported(tmp_path):
+    # The main script mentions no CUDA (its static scan finds nothing); the imported helper's `x.is_cuda` is
+    # False on vnpu and silently picks the slow path: reported at run time (the second break test found it
+    # unreported). On a CPU tensor it is right, not reported; torch's own reads are not the user's.
+    (tmp_path / "kernels.py").write_text(textwrap.dedent("""
+        def pick(x):
+            return "fused" if x.is_cuda else "reference"   # line 3
+    """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""
+        import torch, kernels
+        print(kernels.pick(torch.ones(2)), kernels.pick(torch.ones(2, device="vnpu")))
+        torch.optim.AdamW([torch.nn.Parameter(torch.ones(2, device="vnpu"))]).step()
+        from torch_vnpu.sanitizer import cuda_calls
+        cuda_calls.uninstall()
+        print(type(torch.Tensor.__dict__.get("is_cuda")).__name__, torch.ones(1, device="vnpu").is_cuda)
+    """))
+    proc = _run(["main.py"], tmp_path)
+    assert [(os.path.basename(p), n) for p, n, _ in _reports(proc.stderr)] == [("kernels.py", 3)]
+    assert "x.device.type == device.type" in proc.stderr
+    assert proc.stdout.split() == ["reference", "reference", "NoneType", "False"]
+
+
 def test_without_the_sanitizer_and_under_port_mode_nothing_is_reported(tmp_path):
     proc = _run([NANOGPT, "--device=vnpu", f"--out={tmp_path / 'a.json'}"], tmp_path, sanitize=False)
     assert _reports(proc.stderr) == []

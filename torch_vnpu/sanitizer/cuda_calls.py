@@ -10,7 +10,8 @@ with the device-agnostic replacement (the table of ``python -m torch_vnpu.port.c
 
 How: the ``torch.cuda`` functions that have a replacement, ``torch.amp.GradScaler.__init__`` and
 ``torch.amp.autocast.__init__`` (for ``device="cuda"``; ``torch.cuda.amp``'s classes derive from them) and
-``Tensor.cuda`` / ``nn.Module.cuda`` are wrapped; nothing on vnpu's own paths is. String comparisons cannot be
+``Tensor.cuda`` / ``nn.Module.cuda`` are wrapped, and ``Tensor.is_cuda`` read on a vnpu tensor is reported;
+nothing on vnpu's own paths is. String comparisons cannot be
 seen at run time: they are found statically (``torch_vnpu.port.check``) in the main script and in every file
 that reaches a wrapped call. Under port mode (``torch_vnpu.port``), which maps CUDA calls to vnpu, nothing is
 reported.
@@ -172,6 +173,23 @@ def _is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
+def _wrap_is_cuda() -> None:
+    """``x.is_cuda`` is False for a vnpu tensor, so ``if x.is_cuda:`` silently takes the other branch: reported
+    when user code reads it on a tensor of the accelerator (not on CPU tensors, where False is right)."""
+    original = torch.Tensor.is_cuda  # TensorBase's descriptor, inherited
+    accelerator = torch.accelerator.current_accelerator()
+
+    def is_cuda(self):
+        result = original.__get__(self)
+        if not result and accelerator is not None and self.device.type == accelerator.type:
+            _report_call(sys._getframe(1), "Tensor.is_cuda",
+                         "x.device.type == device.type (is_cuda is False on any other accelerator)", walk=False)
+        return result
+
+    _originals.append((torch.Tensor, "is_cuda", None))
+    torch.Tensor.is_cuda = property(is_cuda, doc=original.__doc__)
+
+
 def install() -> None:
     """Start reporting (idempotent). Called by ``torch.vnpu.sanitizer.enable()`` / ``VNPU_SANITIZE=1``."""
     if _originals:
@@ -189,6 +207,7 @@ def install() -> None:
           lambda self, device_type, *a, **k: _is_cuda(device_type))
     _wrap(torch.Tensor, "cuda", "Tensor.cuda()", "x.to(device) with device = torch.accelerator.current_accelerator()")
     _wrap(torch.nn.Module, "cuda", "Module.cuda()", "module.to(device) with device = torch.accelerator.current_accelerator()")
+    _wrap_is_cuda()
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main and os.path.isfile(main) and not os.path.abspath(main).startswith(_LIBRARY_DIRS):
         _scan(os.path.abspath(main))
@@ -203,6 +222,9 @@ def uninstall() -> None:
     """Stop reporting and restore the wrapped functions (reports made so far are kept)."""
     while _originals:
         owner, name, original = _originals.pop()
-        setattr(owner, name, original)
+        if original is None:
+            delattr(owner, name)  # the attribute is inherited again
+        else:
+            setattr(owner, name, original)
     with _lock:
         _scanned.clear()

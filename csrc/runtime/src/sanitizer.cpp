@@ -201,6 +201,16 @@ vnpuError_t refuse(vnpuError_t err, size_t index, const vnpuMemAccess& a, uintpt
   }
   rep.freed_on = r.freed_on;
   t_report = std::move(rep);
+  // Note [One report per race]: a program that catches the error and goes on
+  // would otherwise get the same race again at each later access of this
+  // stream to the memory and at its free. From here on the ordering the fix
+  // adds is assumed: this stream is ordered after the other access (and only
+  // it: that stream's later work is still checked).
+  if (err == vnpuErrorStreamRace && other != nullptr) {
+    Clock& c = g_clocks[slot_of(s)];
+    if (c.size() <= other->slot) c.resize(other->slot + 1, 0);
+    c[other->slot] = std::max(c[other->slot], other->pos);
+  }
   return err;
 }
 
