@@ -58,6 +58,33 @@ def test_harness_detects_a_mismatch():
     assert not ok and "step 0" in note
 
 
+def test_compiled_mismatch_is_judged_against_the_model_compiled_on_cpu():
+    """--compile: a mismatch against eager CPU that compiled CPU shows too is Inductor's numerics (noted); one
+    that compiled CPU does not show stays a mismatch."""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.out = torch.nn.Linear(8, 16)
+
+        def forward(self, input_ids, attention_mask=None, use_cache=False):
+            return self.out(torch.tanh(self.emb(input_ids)))
+
+    torch.manual_seed(0)
+    model = Tiny()
+    ids = torch.randint(0, 16, (2, 5))
+    w = torch.randn(2, 5, 16)
+    ref_logits, ref_grads = hf_coverage._forward_backward(model, ids, w)
+    notes = []
+    assert hf_coverage._against_compiled_cpu(model, ids, w, ref_logits, ref_grads, ["grad x: made up"], notes) == []
+    assert "Inductor's numerics" in notes[0] and "grad x: made up" in notes[0]
+    wrong = {n: g * 1.01 for n, g in ref_grads.items()}
+    bad = hf_coverage._against_compiled_cpu(model, ids, w, ref_logits, wrong, ["grad x: made up"], [])
+    assert bad[0] == "grad x: made up" and any("against compiled CPU too: grad" in b for b in bad[1:])
+
+
 def test_shrunk_configs_keep_every_layer_kind():
     """Trimming a hybrid model to a few layers keeps one layer of each kind (here: sliding and full attention)."""
     cfg = hf_coverage.shrink_config("gemma3_text")
