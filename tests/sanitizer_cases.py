@@ -137,6 +137,23 @@ def missing_wait_stream(fix: bool):
     return z.cpu(), v * 3 + 1
 
 
+def copy_reads_side_stream_output(fix: bool):
+    """A copy (clone: a device-to-device memcpy) on the default stream reads what a side stream is still
+    writing. Fix: the default stream waits for the side stream."""
+    main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
+    v = values()
+    x = v.to("vnpu")
+    side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(BUSY_NS)
+        y = x * 3
+    if fix:
+        main.wait_stream(side)
+    z = y.clone()
+    torch.vnpu.synchronize()
+    return z.cpu(), v * 3
+
+
 def race_caught_then_retried(fix: bool):
     """A program that catches the report and retries the same op (a notebook, a test harness): the same
     missing ordering is reported once, not at every retry (Note [One report per race]). Returns the number
@@ -279,6 +296,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
                                  pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,
+                                 copy_reads_side_stream_output,
                                  graph_replay_race)}
 
 

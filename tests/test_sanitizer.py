@@ -147,6 +147,18 @@ def test_stream_race_missing_wait_stream():
     assert sanitized("missing_wait_stream", fix=True) == {"ok": 0.0}
 
 
+def test_a_copy_race_names_the_tensor():
+    """A runtime copy's report names the tensor's shape, dtype and allocation site, as an op's does (before:
+    only the bytes of the block)."""
+    assert wrong_without_sanitizer("copy_reads_side_stream_output")
+    r = sanitized("copy_reads_side_stream_output", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    msg = r["message"]
+    assert "'memcpy DtoD'" in msg and "the tensor of shape [65536] and dtype torch.float32" in msg, msg
+    assert "passed as the copy's source" in msg and "in copy_reads_side_stream_output" in msg, msg
+    assert sanitized("copy_reads_side_stream_output", fix=True) == {"ok": 0.0}
+
+
 def test_a_caught_race_is_not_reported_again_at_each_retry():
     """Before: each retry of the racing op raised again (found by the second break test)."""
     assert sanitized("race_caught_then_retried", fix=False) == {"ok": 0.0}  # one report of three tries

@@ -34,6 +34,27 @@ void record_pinned(const Tensor& cpu, const c10::vnpu::VNPUStream& stream) {
       ->record_event(cpu.data_ptr(), cpu.storage().data_ptr().get_context(), stream.unwrap());
 }
 
+// A runtime copy whose sanitizer report names the device tensors (shape, dtype,
+// allocation site), as an op's launch does. `dev_src` / `dev_dst`: the device
+// sides, declared in the runtime's order (source, then destination). Other
+// errors, and the invalid-value answer for memory the runtime does not know,
+// are returned.
+vnpuError_t memcpy_named(void* to, const void* from, size_t n, vnpuMemcpyKind kind, vnpuStream_t stream,
+                         const Tensor* dev_src, const Tensor* dev_dst) {
+  const vnpuError_t e = vnpuMemcpyAsync(to, from, n, kind, stream);
+  if ((e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) && sanitizer::enabled()) {
+    sanitizer::Accesses acc;
+    auto add = [&acc](const Tensor& t, bool write, const char* what) {
+      acc.add(t.storage().data(), t.storage().nbytes(), t.sizes(), t.strides(), t.storage_offset(),
+              t.scalar_type(), t.device().index(), write, what);
+    };
+    if (dev_src != nullptr) add(*dev_src, false, "the copy's source");
+    if (dev_dst != nullptr) add(*dev_dst, true, "the copy's destination");
+    sanitizer::raise(e, nullptr, &acc);
+  }
+  return e;
+}
+
 // As CUDA's copy_: a copy between tensors of one dtype and one dense layout
 // is a memcpy (DtoD, or PtoP between two devices); any other (converting the
 // dtype, strided, conj/neg) is a kernel, named `aten::copy_`.
@@ -55,8 +76,8 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   }
   auto run = [&] {
     if (memcpy) {
-      const vnpuError_t e = vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst),
-                                            vnpuMemcpyDeviceToDevice, dst_stream.stream());
+      const vnpuError_t e = memcpy_named(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst),
+                                         vnpuMemcpyDeviceToDevice, dst_stream.stream(), &src, &dst);
       // vnpuErrorInvalidValue: memory the runtime does not know as device memory; the kernel copies it.
       if (e != vnpuErrorInvalidValue) {
         VNPU_CHECK(e);
@@ -114,8 +135,8 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
     }
   }
   if (same_dense_layout(dst, src)) {
-    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
-                               stream.stream()));
+    VNPU_CHECK(memcpy_named(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyHostToDevice,
+                            stream.stream(), nullptr, &dst));
     // The runtime copies from pinned memory asynchronously. A blocking copy returns with the source free
     // to reuse or modify (as CUDA's copy_, which synchronizes the stream); a non_blocking one keeps the
     // pinned block out of the host allocator's cache until the copy has run.
@@ -149,8 +170,8 @@ void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(src.device());
   auto stream = getCurrentVNPUStream(src.device().index());
   if (same_dense_layout(dst, src)) {
-    VNPU_CHECK(vnpuMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToHost,
-                               stream.stream()));
+    VNPU_CHECK(memcpy_named(dst.data_ptr(), src.const_data_ptr(), span_bytes(dst), vnpuMemcpyDeviceToHost,
+                            stream.stream(), &src, nullptr));
     if (dst.is_pinned()) {
       if (non_blocking) record_pinned(dst, stream);
       else synchronize_or_record(dst, stream);
@@ -162,8 +183,8 @@ void device_to_host(Tensor& dst, const Tensor& src, bool non_blocking) {
   Tensor tmp_dst = tmp;
   device_to_device(tmp_dst, src);
   Tensor host = at::empty(dst.sizes(), dst.options().device(kCPU).pinned_memory(false));
-  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), tmp.const_data_ptr(), span_bytes(tmp), vnpuMemcpyDeviceToHost,
-                             stream.stream()));
+  VNPU_CHECK(memcpy_named(host.data_ptr(), tmp.const_data_ptr(), span_bytes(tmp), vnpuMemcpyDeviceToHost,
+                          stream.stream(), &tmp, nullptr));
   dst.copy_(host);
 }
 
@@ -199,8 +220,8 @@ Scalar local_scalar_dense(const Tensor& self) {
   auto stream = getCurrentVNPUStream(self.device().index());
   Tensor one = self.reshape({});
   if (one.is_conj() || one.is_neg()) one = one.resolve_conj().resolve_neg();
-  VNPU_CHECK(vnpuMemcpyAsync(host.data_ptr(), one.const_data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
-                             stream.stream()));
+  VNPU_CHECK(memcpy_named(host.data_ptr(), one.const_data_ptr(), self.element_size(), vnpuMemcpyDeviceToHost,
+                          stream.stream(), &one, nullptr));
   flush_worker_warnings();
   return at::_local_scalar_dense(host);
 }
