@@ -129,6 +129,22 @@ def test_is_cuda_read_on_a_vnpu_tensor_in_an_imported_module_is_reported(tmp_pat
     assert proc.stdout.split() == ["reference", "reference", "NoneType", "False"]
 
 
+def test_torchs_own_disabling_warnings_stay_on_the_users_line(tmp_path):
+    # Before: the wrappers moved torch's "CUDA is not available ... Disabling" warnings onto their own line.
+    (tmp_path / "amp.py").write_text(textwrap.dedent("""
+        import torch
+        scaler = torch.cuda.amp.GradScaler()     # line 3
+        with torch.autocast("cuda"):             # line 4
+            pass
+    """))
+    proc = _run(["amp.py"], tmp_path)
+    disabling = [ln for ln in proc.stderr.splitlines() if "Disabling" in ln]
+    assert len(disabling) == 2, proc.stderr[-3000:]
+    assert disabling[0].startswith(str(tmp_path / "amp.py") + ":3: UserWarning"), disabling
+    assert disabling[1].startswith(str(tmp_path / "amp.py") + ":4: UserWarning"), disabling
+    assert "cuda_calls.py" not in proc.stderr
+
+
 def test_without_the_sanitizer_and_under_port_mode_nothing_is_reported(tmp_path):
     proc = _run([NANOGPT, "--device=vnpu", f"--out={tmp_path / 'a.json'}"], tmp_path, sanitize=False)
     assert _reports(proc.stderr) == []

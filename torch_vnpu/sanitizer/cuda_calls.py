@@ -151,6 +151,27 @@ def _report_call(caller, code: str, replacement: str, walk: bool) -> None:
         _scan(filename)
 
 
+def _attributing_warnings(caller, original, args, kwargs):
+    """Calls ``original``. Warnings it emits with a stacklevel that points at its caller (torch's "CUDA is not
+    available. Disabling" of a CUDA GradScaler or autocast) would point at this wrapper: they are re-emitted at
+    the user's line instead, the others unchanged. (``catch_warnings`` is process-wide: a warning another thread
+    emits meanwhile is re-emitted from here, at its own location.)"""
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return original(*args, **kwargs)
+    finally:
+        here = os.path.abspath(__file__)
+        for w in caught:
+            if os.path.abspath(w.filename) == here:
+                user = _user_frame(caller, walk=True) or caller
+                warnings.warn_explicit(w.message, w.category, user.f_code.co_filename, user.f_lineno,
+                                       module_globals=user.f_globals)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def _wrap(owner: object, name: str, code: str, replacement: str, when: Callable[..., bool] | None = None) -> None:
     """Replace owner.name by a wrapper reporting calls made from user code (for classes' ``__init__``, with
     ``when``: calls that a torch.cuda subclass made on the user's behalf too)."""
@@ -161,7 +182,7 @@ def _wrap(owner: object, name: str, code: str, replacement: str, when: Callable[
     def wrapper(*args, **kwargs):
         if when is None or when(*args, **kwargs):
             _report_call(sys._getframe(1), code, replacement, walk)
-        return original(*args, **kwargs)
+        return _attributing_warnings(sys._getframe(1), original, args, kwargs)
 
     _originals.append((owner, name, original))
     setattr(owner, name, wrapper)
