@@ -143,7 +143,7 @@ def test_stream_race_missing_wait_stream():
     assert r.get("error") == "StreamRaceError", r
     msg = r["message"]
     assert "'aten::add.Tensor'" in msg and "reads" in msg and "'aten::mul.Tensor'" in msg and "writes" in msg
-    assert "wait_stream" in msg
+    assert "torch.vnpu.current_stream(0).wait_stream(s)" in msg  # the waiting stream's device, named
     assert sanitized("missing_wait_stream", fix=True) == {"ok": 0.0}
 
 

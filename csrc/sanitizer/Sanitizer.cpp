@@ -316,8 +316,13 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
   } else if (r.other_stream == nullptr) {
     m << "host work and stream work are ordered by program order: this should not happen; please report it.";
   } else if (r.other_write) {
-    m << "make " << here << " wait for the producer before this op: torch.vnpu.current_stream().wait_stream(s) "
-      << "with s = " << there << ", or e = torch.vnpu.Event(); e.record(s); torch.vnpu.current_stream().wait_event(e).";
+    // Name the waiting stream's device: a peer copy runs on the destination device's stream, which need not
+    // be the current device's.
+    int dev = 0;
+    vnpuStreamGetDevice(r.stream, &dev);
+    const std::string waiter = "torch.vnpu.current_stream(" + std::to_string(dev) + ")";
+    m << "make " << here << " wait for the producer before this op: " << waiter << ".wait_stream(s) "
+      << "with s = " << there << ", or e = torch.vnpu.Event(); e.record(s); " << waiter << ".wait_event(e).";
   } else {
     m << "this op overwrites memory " << there << " may still be reading: make " << here
       << " wait for that stream first (wait_stream or an event), and if the tensor changes hands between streams, "
