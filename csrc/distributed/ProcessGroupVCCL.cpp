@@ -253,6 +253,9 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
       if (t.defined() && t.has_storage()) c10::vnpu::allocator::recordStream(t.storage().data_ptr(), hold);
     }
   }
+  // The stream task that hands the collective to the transport, named after it (profiler traces,
+  // sanitizer reports: "vccl:all_reduce"; the runtime interns task names).
+  const std::string ready_name = std::string("vccl:") + op->name;
   if (at::vnpu::sanitizer::enabled()) {
     // The collective's buffers, declared at its start on the issuing stream (later work on that stream
     // is ordered after it, as after an NCCL collective; see docs/sanitizer.md for what this misses).
@@ -273,11 +276,11 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
     };
     declare(*op);
     for (const auto& m : op->batch) declare(*m);
-    at::vnpu::sanitizer::launch_checked(stream.stream(), "vccl:ready", [op] { op->markReady(); }, acc);
+    at::vnpu::sanitizer::launch_checked(stream.stream(), ready_name.c_str(), [op] { op->markReady(); }, acc);
     VNPU_CHECK(vnpuEventCreateWithFlags(&op->declared, vnpuEventDisableTiming));
     VNPU_CHECK(vnpuEventRecord(op->declared, stream.stream()));
   } else {
-    VNPU_CHECK(vnpuLaunchKernel(stream.stream(), "vccl:ready", [op] { op->markReady(); }));
+    VNPU_CHECK(vnpuLaunchKernel(stream.stream(), ready_name.c_str(), [op] { op->markReady(); }));
   }
   engine_->submit(op);
   if (!launchBlocking()) {
