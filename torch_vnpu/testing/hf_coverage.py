@@ -34,7 +34,8 @@ architecture (:data:`STATUSES`):
 With ``compile=True`` (``--compile``) the vnpu model is compiled (``model.compile()``: Inductor, default mode,
 automatic dynamic shapes) before stages 3-5, so the forward, the backward (AOTAutograd) and every forward
 that ``generate()`` makes run as compiled vnpu graphs; the CPU reference stays eager, the tolerances are the
-same; then ``generate()`` with a static cache compiled runs on a fresh vnpu copy for the architectures that
+same (a forward/backward mismatch is then checked against the model compiled on CPU,
+:func:`_against_compiled_cpu`); then ``generate()`` with a static cache compiled runs on a fresh vnpu copy for the architectures that
 support it (:func:`_static_cache_stage`). Its report is a section of its own in the markdown file (see
 :func:`write_markdown`).
 
@@ -813,7 +814,10 @@ def _compile_section(res, command=None):
          f"({len(archs)} run, of {len(all_archs())} in the mapping)\n",
          "The vnpu model is compiled (`model.compile()`: Inductor, default mode, automatic dynamic shapes), so "
          "the forward, the backward and every forward of `generate()` run as compiled vnpu graphs; the CPU "
-         "reference is eager and the checks and tolerances are those above. The eager headline above is for "
+         "reference is eager and the checks and tolerances are those above. Where the forward or backward differs "
+         "from eager CPU beyond them, the model compiled on CPU is the oracle: if vnpu matches it, the difference is "
+         "Inductor's numerics (a note, not a failure); a zero gradient where eager gives None is AOTAutograd's "
+         "(pytorch/pytorch#131794; noted). The eager headline above is for "
          "all architectures; this section only for the ones listed here. \"static-cache generate\": greedy "
          "`generate(cache_implementation=\"static\")` on an uncompiled vnpu copy, its decode forward compiled by "
          "transformers' auto-compilation (enabled for all devices by the compile config), tokens vs eager CPU; "
