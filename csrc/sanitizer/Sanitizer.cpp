@@ -421,7 +421,9 @@ void host_access(const char* name, const Accesses& accesses) {
   VNPU_CHECK(e);
 }
 
-std::atomic<uint64_t> g_raised{0};
+namespace {
+std::atomic<uint64_t> g_raised{0};  // sanitizer errors raised in this process
+}  // namespace
 
 uint64_t errors_raised() { return g_raised.load(std::memory_order_relaxed); }
 
