@@ -253,6 +253,8 @@ def test_use_after_free():
     r = sanitized("use_after_free", fix=False)
     assert r.get("error") == "UseAfterFreeError", r
     assert "aten::sum" in r["message"] and "poisoned" in r["message"]
+    # Where the freed tensor came from (before: no allocation site for freed memory).
+    assert "The freed tensor was allocated at:" in r["message"] and "in use_after_free" in r["message"]
     assert sanitized("use_after_free", fix=True) == {"ok": 0.0}
 
 

@@ -206,6 +206,7 @@ class DeviceCachingAllocator {
         call_context_ = nullptr;
         if (sanitizing()) {
           b->sanitizer_context = std::move(san_context);
+          forget_freed_sites(b->ptr, b->size);
           VNPU_CHECK(vnpuSanitizerAlloc(b->ptr, b->size));
         }
         return b;
@@ -373,6 +374,16 @@ class DeviceCachingAllocator {
     std::lock_guard<std::recursive_mutex> g(mu_);
     auto it = active_.find(const_cast<void*>(ptr));
     return it == active_.end() ? nullptr : it->second->sanitizer_context;
+  }
+
+  // Where the freed, not yet reused block holding `ptr` was allocated (a use-after-free report), or null.
+  Context freed_sanitizer_context(const void* ptr) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = freed_sites_.upper_bound(p);
+    if (it == freed_sites_.begin()) return nullptr;
+    --it;
+    return p < it->first + it->second.first ? it->second.second : nullptr;
   }
 
   void record_stream(void* ptr, vnpuStream_t stream) {
@@ -879,6 +890,26 @@ class DeviceCachingAllocator {
 
   // ---- freeing --------------------------------------------------------------------------------
 
+  // Freed blocks' allocation sites, kept until the memory is handed out again (bounded: a report of an
+  // older free just has no site). Start -> (bytes, context). Under mu_.
+  static constexpr size_t kMaxFreedSites = 4096;
+  std::map<uintptr_t, std::pair<size_t, Context>> freed_sites_;
+
+  void remember_freed_site(const void* ptr, size_t size, Context allocated) {
+    if (!allocated) return;
+    if (freed_sites_.size() >= kMaxFreedSites) freed_sites_.erase(freed_sites_.begin());
+    forget_freed_sites(ptr, size);
+    freed_sites_[reinterpret_cast<uintptr_t>(ptr)] = {size, std::move(allocated)};
+  }
+
+  void forget_freed_sites(const void* ptr, size_t size) {
+    if (freed_sites_.empty()) return;
+    const auto lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + size;
+    auto it = freed_sites_.upper_bound(lo);
+    if (it != freed_sites_.begin() && std::prev(it)->first + std::prev(it)->second.first > lo) --it;
+    while (it != freed_sites_.end() && it->first < hi) it = freed_sites_.erase(it);
+  }
+
   void free_block(Block* block) {
     record_trace(TraceEntry::FREE_COMPLETED, block->ptr, block->requested, block->stream,
                  block->context_when_allocated);
@@ -897,6 +928,7 @@ class DeviceCachingAllocator {
         note_free_race(std::move(allocated), recorder != nullptr ? recorder() : nullptr);
       } else {
         VNPU_CHECK(e);
+        remember_freed_site(block->ptr, block->size, std::move(allocated));
       }
     }
     BlockPool& pool = *block->pool;
@@ -1174,6 +1206,11 @@ void takeSanitizerFreeRace(std::shared_ptr<c10::GatheredContext>* allocated,
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr) {
   if (device < 0 || device >= device_count()) return nullptr;
   return device_allocator(device).sanitizer_context(ptr);
+}
+
+std::shared_ptr<c10::GatheredContext> sanitizerFreedContext(DeviceIndex device, const void* ptr) {
+  if (device < 0 || device >= device_count()) return nullptr;
+  return device_allocator(device).freed_sanitizer_context(ptr);
 }
 
 bool blockContaining(DeviceIndex device, const void* ptr, void** base, size_t* size) {

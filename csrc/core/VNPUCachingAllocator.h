@@ -82,6 +82,9 @@ void takeSanitizerFreeRace(std::shared_ptr<c10::GatheredContext>* allocated,
                            std::shared_ptr<c10::GatheredContext>* dropped);
 // The sanitizer context of the live block starting at `ptr` on `device`, or null.
 std::shared_ptr<c10::GatheredContext> sanitizerContext(DeviceIndex device, const void* ptr);
+// Where the freed block holding `ptr` on `device` was allocated, while the memory is not handed out again
+// (and among the last 4096 such blocks), or null.
+std::shared_ptr<c10::GatheredContext> sanitizerFreedContext(DeviceIndex device, const void* ptr);
 // The live block of `device` that contains `ptr` (anywhere inside it): its start and size in bytes.
 // False if no live block holds it (cached free memory, or not this allocator's).
 bool blockContaining(DeviceIndex device, const void* ptr, void** base, size_t* size);

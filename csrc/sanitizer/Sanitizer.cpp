@@ -278,6 +278,15 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
       << " (" << r.bytes << " bytes at " << r.ptr << "), memory the caching allocator took back (freed on "
       << stream_name(r.freed_on) << ") and has not handed out again.";
     if (!r.other_name.empty()) m << " Its last writer was '" << r.other_name << "' on " << there << ".";
+    int dev = d != nullptr ? d->device : -1;
+    if (dev < 0) {
+      vnpuPointerAttributes attr{};
+      if (vnpuPointerGetAttributes(&attr, r.ptr) == vnpuSuccess) dev = attr.device;
+    }
+    const std::string a =
+        dev >= 0 ? site_of(c10::vnpu::allocator::sanitizerFreedContext(static_cast<c10::DeviceIndex>(dev), r.ptr))
+                 : std::string();
+    if (!a.empty()) m << "\nThe freed tensor was allocated" << a;
     m << "\nFreed device memory is poisoned (NaN for floating dtypes, 0xFF bytes otherwise). Fix: keep the tensor "
          "alive while work that uses it is queued; never keep a data_ptr() or a kernel argument past the tensor's "
          "lifetime.";
