@@ -8,6 +8,7 @@ with VNPU_SANITIZE=1 in a fresh process (the sanitizer is per process).
 
 import json
 import sys
+import time
 
 import torch
 
@@ -224,6 +225,23 @@ def nonblocking_copy_read_early(fix: bool):
     return got, v * 2
 
 
+def poll_pinned_destination(fix: bool):
+    """Polls the pinned destination of a non_blocking copy until the value appears, with no stream wait (a
+    flag-polling pattern). The sanitizer holds the copy back until the host waits, but at most a second, so
+    the loop ends (before: it never did). Fix: synchronize instead of polling."""
+    x = torch.full((4,), 7.0, device="vnpu")
+    h = torch.zeros(4, pin_memory=True)
+    h.copy_(x, non_blocking=True)
+    if fix:
+        torch.vnpu.current_stream().synchronize()
+    start = time.monotonic()
+    while h[0].item() != 7.0:
+        if time.monotonic() - start > 30:
+            raise TimeoutError("the non_blocking copy never landed")
+        time.sleep(0.001)
+    return h.clone(), torch.full((4,), 7.0)
+
+
 def pinned_staging_rewritten(fix: bool):
     """One pinned staging buffer refilled by the host for each batch while the previous non_blocking
     upload may still be queued (the stream is busy): the device gets later batches' values. Fix:
@@ -296,7 +314,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
                                  pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,
-                                 copy_reads_side_stream_output,
+                                 copy_reads_side_stream_output, poll_pinned_destination,
                                  graph_replay_race)}
 
 

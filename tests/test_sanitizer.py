@@ -97,6 +97,13 @@ def test_disjoint_strided_slices_written_from_two_streams_run_clean():
     assert "'aten::sum.dim_IntList'" in r["message"] and "'aten::add_" in r["message"]
 
 
+def test_polling_a_pinned_destination_does_not_hang():
+    """Note [Deferred host copies]: the held-back copy runs after at most a second without a host wait (found
+    by the first break test: a polling loop never ended under the sanitizer)."""
+    assert sanitized("poll_pinned_destination", fix=False) == {"ok": 0.0}
+    assert sanitized("poll_pinned_destination", fix=True) == {"ok": 0.0}
+
+
 def test_pinned_staging_buffer_rewritten_while_upload_queued():
     """Note [Pinned uploads]: before, no report (and wrong batches with and without the sanitizer)."""
     assert wrong_without_sanitizer("pinned_staging_rewritten")

@@ -24,6 +24,7 @@
 #include "internal.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -485,8 +486,12 @@ void note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
 // the destination is filled with 0xFF bytes (NaN in floating dtypes) at the
 // call and the copy itself waits on its stream until the host next waits for
 // or queries any stream or event, so a read before the synchronization sees
-// the poison every time. It costs the stream a stall until that point.
+// the poison every time. It costs the stream a stall until that point, at most
+// kMaxGate: a program that never waits for the stream (it polls the pinned
+// destination, or waits on another thread) would otherwise hang; after it the
+// copy runs, and a read in that window has seen the poison.
 namespace {
+constexpr std::chrono::milliseconds kMaxGate{1000};
 std::mutex g_gate_mu;  // guards g_gate_gen
 std::condition_variable g_gate_cv;
 uint64_t g_gate_gen = 0;  // host waits and queries so far
@@ -499,7 +504,7 @@ uint64_t gate_ticket() {
 
 void wait_gate(uint64_t ticket) {
   std::unique_lock<std::mutex> lk(g_gate_mu);
-  g_gate_cv.wait(lk, [&] { return g_gate_gen > ticket; });
+  g_gate_cv.wait_for(lk, kMaxGate, [&] { return g_gate_gen > ticket; });
 }
 
 void release_gates() {
