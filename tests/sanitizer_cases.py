@@ -225,6 +225,26 @@ def nonblocking_copy_read_early(fix: bool):
     return got, v * 2
 
 
+def nonblocking_copy_other_stream_synced(fix: bool):
+    """A non_blocking device->host copy on an idle stream (it would land at once), then the program
+    synchronizes another stream and reads: right by timing, a race all the same (the read is ordered after
+    nothing that waited for the copy). Fix: synchronize the copy's stream."""
+    side = torch.vnpu.Stream()
+    v = values()
+    y = v.to("vnpu") * 2
+    torch.vnpu.current_stream().synchronize()  # idle: unheld, the copy below runs at once
+    h = torch.empty(N, dtype=torch.float32, pin_memory=True)
+    h.copy_(y, non_blocking=True)
+    if fix:
+        torch.vnpu.current_stream().synchronize()
+    else:
+        side.synchronize()  # the wrong stream
+    time.sleep(0.05)  # the copy has run by now unless it is held back
+    got = h.clone()
+    torch.vnpu.synchronize()
+    return got, v * 2
+
+
 def poll_pinned_destination(fix: bool):
     """Polls the pinned destination of a non_blocking copy until the value appears, with no stream wait (a
     flag-polling pattern). The sanitizer holds the copy back until the host waits, but at most a second, so
@@ -315,6 +335,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
                                  pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,
                                  copy_reads_side_stream_output, poll_pinned_destination,
+                                 nonblocking_copy_other_stream_synced,
                                  graph_replay_race)}
 
 

@@ -97,6 +97,17 @@ def test_disjoint_strided_slices_written_from_two_streams_run_clean():
     assert "'aten::sum.dim_IntList'" in r["message"] and "'aten::add_" in r["message"]
 
 
+def test_synchronizing_another_stream_does_not_release_a_nonblocking_copy():
+    """Note [Deferred host copies]: the held-back copy runs when the host waits for something ordered after it
+    (before: any host wait released every held copy, so syncing the wrong stream read the right values)."""
+    if not torch.vnpu.sanitizer.is_enabled():
+        got, expected = cases.CASES["nonblocking_copy_other_stream_synced"](False)
+        assert torch.equal(got, expected)  # right by timing without the sanitizer
+    r = sanitized("nonblocking_copy_other_stream_synced", fix=False)
+    assert "ok" in r and math.isnan(r["ok"]), r
+    assert sanitized("nonblocking_copy_other_stream_synced", fix=True) == {"ok": 0.0}
+
+
 def test_polling_a_pinned_destination_does_not_hang():
     """Note [Deferred host copies]: the held-back copy runs after at most a second without a host wait (found
     by the first break test: a polling loop never ended under the sanitizer)."""

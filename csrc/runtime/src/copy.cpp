@@ -114,8 +114,10 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                                                           : "memcpy HtoH";
     if (kind == vnpuMemcpyDeviceToHost && san::on() && !launch_blocking()) {
       std::memset(dst, 0xFF, count);  // Note [Deferred host copies]
-      return finish_submission(s, s->submit(name, [dst, src, count, ticket = san::gate_ticket()] {
-        san::wait_gate(ticket);
+      // A captured copy runs at each replay, after the capture's host waits: no gate.
+      const san::Gate gate = capture_of(s) ? san::Gate{} : san::gate_ticket(s);
+      return finish_submission(s, s->submit(name, [dst, src, count, gate] {
+        san::wait_gate(gate);
         std::memmove(dst, src, count);
       }, nullptr, info));
     }

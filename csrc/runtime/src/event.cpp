@@ -96,7 +96,7 @@ vnpuError_t vnpuEventQuery(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
   if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventQuery");
   bool done;
-  if (san::on()) san::release_gates();  // Note [Deferred host copies]
+  if (san::on()) san::release_event(event);  // Note [Deferred host copies]
   {
     std::lock_guard<std::mutex> g(event->mu);
     done = event->pending.count(event->recorded) == 0;
@@ -109,7 +109,7 @@ vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   if (event == nullptr) return vnpuErrorInvalidResourceHandle;
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;  // a pending record would never complete
   if (auto c = live_capture_of(event)) return refuse_captured_event(*c, "vnpuEventSynchronize");
-  if (san::on()) san::release_gates();
+  if (san::on()) san::release_event(event);
   std::unique_lock<std::mutex> lk(event->mu);
   uint64_t target = event->recorded;  // See Note [Event lifetime and generations]
   if (!wait_interruptible(lk, event->cv, [&] { return event->pending.count(target) == 0; }))

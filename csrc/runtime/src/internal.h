@@ -256,11 +256,17 @@ void stream_waits_event(vnpuStream_st* s, vnpuEvent_st* e);
 void host_waited_stream(vnpuStream_st* s);
 void host_waited_event(vnpuEvent_st* e);
 // Note [Deferred host copies]: a device->pinned-host copy waits on the stream
-// until the host next waits for or queries anything (gate_ticket/wait_gate on
-// the worker, release_gates at every host wait or query).
-uint64_t gate_ticket();
-void wait_gate(uint64_t ticket);
-void release_gates();
+// until the host waits for or queries something ordered after it (gate_ticket
+// at the submission, wait_gate on the worker; release_stream / release_event
+// at the host's waits and queries).
+struct Gate {
+  uint32_t slot = 0;  // the copy's stream (its sanitizer slot); 0: no gate
+  uint64_t pos = 0;   // the copy's position on it
+};
+Gate gate_ticket(vnpuStream_st* s);  // after begin_task of the copy
+void wait_gate(Gate gate);
+void release_stream(vnpuStream_st* s);  // the host waits for or queries s
+void release_event(vnpuEvent_st* e);    // the host waits for or queries e
 void set_report(vnpuSanitizerReport report);  // this thread's vnpuSanitizerGetLastReport
 // Check 4, host access to device memory (host_access.cpp, Note [Protection
 // keys]). host_check_on() is one relaxed load; the rest is called only when on.

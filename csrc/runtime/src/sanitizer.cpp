@@ -481,38 +481,63 @@ void note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
 
 // Note [Deferred host copies]
 // A non_blocking device->host copy into pinned memory is complete only once the
-// host synchronizes; reading the destination before is a race whose outcome
-// depends on timing (usually right on a fast device). With the sanitizer on,
-// the destination is filled with 0xFF bytes (NaN in floating dtypes) at the
-// call and the copy itself waits on its stream until the host next waits for
-// or queries any stream or event, so a read before the synchronization sees
-// the poison every time. It costs the stream a stall until that point, at most
-// kMaxGate: a program that never waits for the stream (it polls the pinned
-// destination, or waits on another thread) would otherwise hang; after it the
-// copy runs, and a read in that window has seen the poison.
+// host synchronizes with it; reading the destination before is a race whose
+// outcome depends on timing (usually right on a fast device). With the
+// sanitizer on, the destination is filled with 0xFF bytes (NaN in floating
+// dtypes) at the call and the copy itself waits on its stream until the host
+// waits for or queries something ordered after it by the sanitizer's clocks:
+// its stream (or a stream that waited for an event recorded after the copy),
+// such an event, or the device. So a read before that synchronization sees the
+// poison every time, also when the program synchronized the wrong stream. It
+// costs the stream a stall until that point, at most kMaxGate: a program that
+// never waits for the stream (it polls the pinned destination, or waits on
+// another thread) would otherwise hang; after it the copy runs, and a read in
+// that window has seen the poison.
 namespace {
 constexpr std::chrono::milliseconds kMaxGate{1000};
-std::mutex g_gate_mu;  // guards g_gate_gen
+std::mutex g_gate_mu;  // guards g_released; taken after g_mu, never before
 std::condition_variable g_gate_cv;
-uint64_t g_gate_gen = 0;  // host waits and queries so far
-}  // namespace
+std::vector<uint64_t> g_released;  // per slot: copies at or before this position may run
 
-uint64_t gate_ticket() {
-  std::lock_guard<std::mutex> g(g_gate_mu);
-  return g_gate_gen;
-}
-
-void wait_gate(uint64_t ticket) {
-  std::unique_lock<std::mutex> lk(g_gate_mu);
-  g_gate_cv.wait_for(lk, kMaxGate, [&] { return g_gate_gen > ticket; });
-}
-
-void release_gates() {
+// With g_mu held.
+void release_upto(const Clock& c) {
+  bool more = false;
   {
     std::lock_guard<std::mutex> g(g_gate_mu);
-    ++g_gate_gen;
+    if (g_released.size() < c.size()) g_released.resize(c.size(), 0);
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (c[i] > g_released[i]) {
+        g_released[i] = c[i];
+        more = true;
+      }
+    }
   }
-  g_gate_cv.notify_all();
+  if (more) g_gate_cv.notify_all();
+}
+}  // namespace
+
+Gate gate_ticket(vnpuStream_st* s) {
+  std::lock_guard<std::mutex> g(g_mu);
+  const uint32_t k = slot_of(s);
+  return Gate{k, g_pos[k]};
+}
+
+void wait_gate(Gate gate) {
+  if (gate.slot == 0) return;
+  std::unique_lock<std::mutex> lk(g_gate_mu);
+  g_gate_cv.wait_for(lk, kMaxGate,
+                     [&] { return gate.slot < g_released.size() && g_released[gate.slot] >= gate.pos; });
+}
+
+void release_stream(vnpuStream_st* s) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (s->san_slot < 0) return;
+  release_upto(g_clocks[s->san_slot]);  // its own tasks, and what it waited for
+}
+
+void release_event(vnpuEvent_st* e) {
+  std::lock_guard<std::mutex> g(g_mu);
+  release_upto(e->san_clock);
 }
 
 }  // namespace vnpu::rt::san

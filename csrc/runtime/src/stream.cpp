@@ -197,7 +197,7 @@ vnpuStream_st::Submitted vnpuStream_st::submit(const char* name, vnpuKernel_t fn
 // Deferred host copies are still released (their wait would never end).
 bool vnpuStream_st::wait_idle(bool interruptible, bool orders_host) {
   bool done;
-  if (san::on()) san::release_gates();  // Note [Deferred host copies]
+  if (san::on()) san::release_stream(this);  // Note [Deferred host copies]
   {
     std::unique_lock<std::mutex> lk(mu);
     uint64_t target = submitted;
@@ -209,7 +209,7 @@ bool vnpuStream_st::wait_idle(bool interruptible, bool orders_host) {
 
 bool vnpuStream_st::idle() {
   bool done;
-  if (san::on()) san::release_gates();
+  if (san::on()) san::release_stream(this);
   {
     std::lock_guard<std::mutex> lk(mu);
     done = completed == submitted;
