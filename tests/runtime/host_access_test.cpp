@@ -67,9 +67,9 @@ VNPU_CHILD_SCENARIO(HostAccessReported) {
 
 VNPU_CHILD_SCENARIO(HostAccessPerThread) {
   REQUIRE_CHECK_4();
-  // The other thread touches memory 512 KiB away from the window's: without protection keys a
+  // The other thread touches memory 4 MiB away from the window's: without protection keys a
   // window opens the chunk it touches to every thread (Note [Host access without protection keys]).
-  constexpr size_t kBytes = 1 << 20, kFar = (kBytes / 2) / sizeof(int);
+  constexpr size_t kBytes = 8 << 20, kFar = (kBytes / 2) / sizeof(int);
   int* p = nullptr;
   CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), kBytes), vnpuSuccess);
   CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, kBytes, nullptr), vnpuSuccess);

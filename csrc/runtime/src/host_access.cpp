@@ -84,7 +84,7 @@ std::atomic<int> g_host_mode{kHostCheckOff};
 namespace {
 
 constexpr uintptr_t kPage = 4096;          // bytes re-tagged per denied fault
-constexpr uintptr_t kChunk = 256 * 1024;   // bytes opened per allowed fault (Note [Host access without protection keys])
+constexpr uintptr_t kChunk = 2048 * 1024;  // bytes opened per allowed fault (Note [Host access without protection keys])
 constexpr int kMaxRanges = 4096;           // protected ranges the fallback handler knows
 
 // Device memory ranges under the fallback, readable by the fault handler without locks. A slot is
