@@ -47,10 +47,15 @@
 // synchronization point (stream/event/device synchronize, a pageable
 // device-to-host copy; host_waited) or report, which protect all device
 // memory again; a worker still running then just faults again.
+// The OS cannot fault and reopen: a system call on device memory (Gloo's
+// socket transport sends and receives tensors in place) fails with EFAULT. Such
+// callers open all device memory between vnpuSanitizerSystemAccessBegin/End,
+// and protect_all leaves it open until the last End.
 // What it cannot catch: a host access to a chunk an allowed thread opened
 // since the last synchronization point (a host thread racing a kernel or a
-// window on the same memory); kernel-mode accesses (write(2) from device
-// memory) fail with EFAULT for every thread, allowed ones included. Cost: a
+// window on the same memory) or any access while a SystemAccess pair is open;
+// other kernel-mode accesses (write(2) from device memory) fail with EFAULT for
+// every thread, allowed ones included. Cost: a
 // fault (a signal and an mprotect, a few microseconds) per chunk a kernel
 // first touches after each synchronization point, and one mprotect over the
 // device ranges (page-table walk and TLB shootdown) at each of them.
@@ -258,8 +263,16 @@ void install_handler() {
   sigaction(SIGSEGV, &sa, &g_prev_segv);
 }
 
+std::mutex g_system_mu;    // orders protect_all with SystemAccessBegin (fallback)
+int g_system_holds = 0;    // open SystemAccessBegin/End pairs; protect_all waits for none
+
 // Gives every page of device memory the key again (after a report).
 void protect_all() {
+  std::unique_lock<std::mutex> hold(g_system_mu, std::defer_lock);
+  if (g_pkey.load(std::memory_order_relaxed) < 0) {
+    hold.lock();
+    if (g_system_holds > 0) return;  // the memory stays open; the next host synchronization protects it
+  }
   for (Device* d : devices()) {
     if (d->mem.base != nullptr && d->mem.capacity > 0) tag(d->mem.base, d->mem.capacity);
   }
@@ -370,6 +383,28 @@ vnpuError_t vnpuSanitizerDeviceAccessEnd() {
   if (!san::host_check_on()) return vnpuSuccess;
   if (san::t_depth == 0) return vnpuErrorInvalidValue;  // no matching Begin
   if (--san::t_depth == 0) san::allow(false);
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuSanitizerSystemAccessBegin() {
+  if (san::g_host_mode.load(std::memory_order_relaxed) != san::kHostCheckMprotect) return vnpuSuccess;
+  std::lock_guard<std::mutex> g(san::g_system_mu);
+  if (san::g_system_holds++ == 0) {
+    const int n = san::g_nranges.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+      const uintptr_t hi = san::g_ranges[i].hi.load(std::memory_order_acquire);
+      const uintptr_t lo = san::g_ranges[i].lo.load(std::memory_order_acquire);
+      if (lo != 0 && hi > lo) mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE);
+    }
+  }
+  return vnpuSuccess;
+}
+
+vnpuError_t vnpuSanitizerSystemAccessEnd() {
+  if (san::g_host_mode.load(std::memory_order_relaxed) != san::kHostCheckMprotect) return vnpuSuccess;
+  std::lock_guard<std::mutex> g(san::g_system_mu);
+  if (san::g_system_holds == 0) return vnpuErrorInvalidValue;  // no matching Begin
+  --san::g_system_holds;
   return vnpuSuccess;
 }
 

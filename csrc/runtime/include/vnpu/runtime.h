@@ -521,6 +521,13 @@ int vnpuSanitizerHostAccessCheckEnabled(const char** reason);
 // Nestable; threads it creates meanwhile inherit the access. No-op when off.
 vnpuError_t vnpuSanitizerDeviceAccessBegin();
 vnpuError_t vnpuSanitizerDeviceAccessEnd();
+// Device memory is about to be read or written by the OS on behalf of a
+// thread that has access (a socket transport's send/recv): with page
+// protection such accesses cannot fault and get EFAULT, so device memory is
+// opened and not protected again until the last matching End (check 4 misses
+// host accesses meanwhile). No-op with keys (the thread's rights apply) or off.
+vnpuError_t vnpuSanitizerSystemAccessBegin();
+vnpuError_t vnpuSanitizerSystemAccessEnd();
 // vnpuErrorHostAccess (and the report) if host code touched device memory
 // since the last report, else vnpuSuccess.
 vnpuError_t vnpuSanitizerCheckHostAccess();
