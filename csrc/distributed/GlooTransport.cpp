@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/StringUtil.h>
+#include <vnpu/runtime.h>
 
 #include <numeric>
 
@@ -12,6 +13,16 @@ namespace {
 
 using at::Tensor;
 using at::vnpu::AliasContext;
+
+// Gloo sends and receives device memory in place from the kernel (sockets): under
+// VNPU_SANITIZE check 4 without protection keys it must stay open meanwhile
+// (vnpuSanitizerSystemAccessBegin). No-op otherwise.
+struct SystemAccess {
+  SystemAccess() { vnpuSanitizerSystemAccessBegin(); }
+  ~SystemAccess() { vnpuSanitizerSystemAccessEnd(); }
+  SystemAccess(const SystemAccess&) = delete;
+  SystemAccess& operator=(const SystemAccess&) = delete;
+};
 
 int64_t numelOf(const TensorSpec& s) {
   int64_t n = 1;
@@ -278,6 +289,7 @@ constexpr int64_t kHeaderMagic = 0x76636c70327000;  // "vcclp2p"
 }
 
 void GlooTransport::startP2P(const OpPtr& op) {
+  auto access = std::make_shared<SystemAccess>();  // until the spawned wait ends
   if (op->type == OpType::SEND) {
     AliasContext ctx;
     const TensorSpec& spec = op->inputs[0];
@@ -292,7 +304,7 @@ void GlooTransport::startP2P(const OpPtr& op) {
     auto pw = gloo_->send(pv, op->peer, op->tag);
     track(hw, true);
     track(pw, true);
-    spawn([this, op, hw, pw] {
+    spawn([this, op, hw, pw, access] {
       std::string error;
       for (const auto& w : {hw, pw}) {
         try {
@@ -317,7 +329,7 @@ void GlooTransport::startP2P(const OpPtr& op) {
     slot = s;
     ticket = slot->next++;
   }
-  spawn([this, op, slot, ticket, any] {
+  spawn([this, op, slot, ticket, any, access] {
     std::string error, mismatch;
     bool fatal = false;
     int source = any ? -1 : op->peer;
@@ -386,6 +398,7 @@ void GlooTransport::startP2P(const OpPtr& op) {
 }
 
 void GlooTransport::runCollective(CollectiveOp& op) {
+  SystemAccess access;
   AliasContext ctx;
   const int W = world_;
   auto timeoutOf = [&](auto& opts) { opts.timeout = op.timeout; };

@@ -67,9 +67,12 @@ VNPU_CHILD_SCENARIO(HostAccessReported) {
 
 VNPU_CHILD_SCENARIO(HostAccessPerThread) {
   REQUIRE_CHECK_4();
+  // The other thread touches memory 4 MiB away from the window's: without protection keys a
+  // window opens the chunk it touches to every thread (Note [Host access without protection keys]).
+  constexpr size_t kBytes = 8 << 20, kFar = (kBytes / 2) / sizeof(int);
   int* p = nullptr;
-  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
-  CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, 4096, nullptr), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), kBytes), vnpuSuccess);
+  CHILD_CHECK_EQ(vnpuMemsetAsync(p, 0, kBytes, nullptr), vnpuSuccess);
   CHILD_CHECK_EQ(vnpuDeviceSynchronize(), vnpuSuccess);
   volatile int* v = p;
 
@@ -78,7 +81,7 @@ VNPU_CHILD_SCENARIO(HostAccessPerThread) {
   std::atomic<uint64_t> other_tid{0};
   std::thread before([&] {
     other_tid = Tid();
-    if (go.wait()) v[1] = 7;
+    if (go.wait()) v[kFar] = 7;
     done.open();
   });
   CHILD_CHECK_EQ(vnpuSanitizerDeviceAccessBegin(), vnpuSuccess);
@@ -99,7 +102,7 @@ VNPU_CHILD_SCENARIO(HostAccessPerThread) {
   vnpuSanitizerReport r;
   CHILD_CHECK_EQ(vnpuSanitizerCheckHostAccess(), vnpuErrorHostAccess);
   CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
-  CHILD_CHECK(r.ptr == p + 1 && r.write == 1 && r.host_thread == other_tid.load());
+  CHILD_CHECK(r.ptr == p + kFar && r.write == 1 && r.host_thread == other_tid.load());
 
   // After the window this thread is denied again.
   const int x = v[0];
@@ -138,16 +141,22 @@ VNPU_CHILD_SCENARIO(HostAccessOff) {
 }
 
 VNPU_CHILD_SCENARIO(HostAccessNoKeysLeft) {
-  // Every protection key taken: check 4 is off with a reason, the other checks stay on.
+  // Every protection key taken (or none on this machine): check 4 runs on page protection instead
+  // (Note [Host access without protection keys]), with no reason given, and the other checks stay on.
   while (pkey_alloc(0, 0) >= 0) {
   }
   CHILD_CHECK_EQ(vnpuSanitizerEnable(), vnpuSuccess);
   const char* why = nullptr;
-  CHILD_CHECK_EQ(vnpuSanitizerHostAccessCheckEnabled(&why), 0);
-  CHILD_CHECK(why != nullptr && std::string(why).find("pkey_alloc") != std::string::npos);
+  CHILD_CHECK_EQ(vnpuSanitizerHostAccessCheckEnabled(&why), 2);
+  CHILD_CHECK(why != nullptr && std::string(why).empty());
   int* p = nullptr;
   CHILD_CHECK_EQ(vnpuMalloc(reinterpret_cast<void**>(&p), 4096), vnpuSuccess);
-  p[0] = 1;  // not checked
+  volatile int* v = p;
+  v[0] = 1;
+  CHILD_CHECK_EQ(vnpuSanitizerCheckHostAccess(), vnpuErrorHostAccess);
+  vnpuSanitizerReport r;
+  CHILD_CHECK_EQ(vnpuSanitizerGetLastReport(&r), vnpuSuccess);
+  CHILD_CHECK(r.ptr == p && r.write == 1 && r.host_thread == Tid() && r.host_pages == 1);
   vnpuStream_t a = nullptr;
   CHILD_CHECK_EQ(vnpuStreamCreate(&a), vnpuSuccess);
   const vnpuMemAccess w{p, 64, 1};
@@ -160,6 +169,14 @@ TEST(HostAccessTest, HostReadsAndWritesAreReportedAtTheNextCall) {
   const int rc = RunScenario("HostAccessReported", {"VNPU_SANITIZE=1"});
   if (rc == kNoPkeys) GTEST_SKIP() << "no memory protection keys on this machine";
   EXPECT_EQ(rc, 0);
+}
+
+// The page-protection fallback where the machine has keys (VNPU_SANITIZE_HOST_ACCESS=mprotect).
+TEST(HostAccessTest, PageProtectionFallbackReportsTheSame) {
+  EXPECT_EQ(RunScenario("HostAccessReported", {"VNPU_SANITIZE=1", "VNPU_SANITIZE_HOST_ACCESS=mprotect"}), 0);
+  EXPECT_EQ(RunScenario("HostAccessPerThread", {"VNPU_SANITIZE=1", "VNPU_SANITIZE_HOST_ACCESS=mprotect"}), 0);
+  EXPECT_EQ(RunScenario("HostAccessChainsOtherFaults", {"VNPU_SANITIZE=1", "VNPU_SANITIZE_HOST_ACCESS=mprotect"}),
+            42);
 }
 
 TEST(HostAccessTest, AccessIsPerThreadAndInheritedByNewThreads) {
@@ -179,7 +196,7 @@ TEST(HostAccessTest, OffWithoutTheSanitizerOrWhenDisabled) {
   EXPECT_EQ(RunScenario("HostAccessOff", {"VNPU_SANITIZE=1", "VNPU_SANITIZE_HOST_ACCESS=0"}), 0);
 }
 
-TEST(HostAccessTest, WithoutProtectionKeysTheOtherChecksStayOn) {
+TEST(HostAccessTest, WithoutProtectionKeysPageProtectionIsUsed) {
   EXPECT_EQ(RunScenario("HostAccessNoKeysLeft", {}), 0);
 }
 

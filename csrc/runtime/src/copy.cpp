@@ -26,6 +26,7 @@ bool kind_ok(void* dst, const void* src, vnpuMemcpyKind kind) {
 // synchronize raises it.
 vnpuError_t after_host_wait(vnpuStream_st* s, const char* name) {
   if (san::on()) {
+    san::host_waited();
     if (vnpuError_t e = san::report_host_access(s, name); e != vnpuSuccess) return e;
   }
   return take_device_error(s->device);

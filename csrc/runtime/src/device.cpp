@@ -319,6 +319,7 @@ vnpuError_t vnpuDeviceSynchronize() {
     return e;
   if (!wait_device_idle(dev, /*interruptible=*/true)) return vnpuErrorInterrupted;
   if (san::on()) {
+    san::host_waited();
     if (vnpuError_t e = san::report_host_access(nullptr, "vnpuDeviceSynchronize"); e != vnpuSuccess) return e;
   }
   return take_device_error(dev);

@@ -117,6 +117,7 @@ vnpuError_t vnpuEventSynchronize(vnpuEvent_t event) {
   lk.unlock();
   if (san::on()) {
     san::host_waited_event(event);
+    san::host_waited();
     if (vnpuError_t e = san::report_host_access(nullptr, "vnpuEventSynchronize"); e != vnpuSuccess) return e;
   }
   return take_device_error(current_device());

@@ -270,10 +270,18 @@ void release_event(vnpuEvent_st* e);    // the host waits for or queries e
 void set_report(vnpuSanitizerReport report);  // this thread's vnpuSanitizerGetLastReport
 // Check 4, host access to device memory (host_access.cpp, Note [Protection
 // keys]). host_check_on() is one relaxed load; the rest is called only when on.
-extern std::atomic<int> g_pkey;  // protection key of device memory; -1: check 4 off
-inline bool host_check_on() { return g_pkey.load(std::memory_order_relaxed) >= 0; }
+extern std::atomic<int> g_pkey;  // protection key of device memory; -1: none
+// How check 4 runs (vnpuSanitizerHostAccessCheckEnabled's answer): off, protection keys, or page
+// protection where there are no keys (Note [Host access without protection keys]).
+enum { kHostCheckOff = 0, kHostCheckPkey = 1, kHostCheckMprotect = 2 };
+extern std::atomic<int> g_host_mode;
+inline bool host_check_on() { return g_host_mode.load(std::memory_order_relaxed) != kHostCheckOff; }
 void setup_host_check();         // when the sanitizer turns on: allocates the key
 void protect(void* p, size_t n); // tags a device memory mapping with the key
+void unprotect(void* p, size_t n);  // before a mapping in [p, p + n) goes away
+// After the host waited for device work (a synchronize, a pageable device-to-host copy): the
+// fallback protects the memory kernels opened again. No-op with keys.
+void host_waited();
 void protect_devices();          // at initialization: tags the linear ranges, installs the fault handler
 void grant_worker();             // on a stream worker's thread: access for good
 // vnpuErrorHostAccess (report set) once per recorded host access, else vnpuSuccess.

@@ -329,6 +329,7 @@ vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream) {
   }
   if (!s->wait_idle(/*interruptible=*/true)) return vnpuErrorInterrupted;
   if (san::on()) {
+    san::host_waited();
     if (vnpuError_t e = san::report_host_access(s, "vnpuStreamSynchronize"); e != vnpuSuccess) return e;
   }
   return take_device_error(s->device);

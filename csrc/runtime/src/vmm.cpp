@@ -250,6 +250,7 @@ vnpuError_t vnpuMemUnmap(void* ptr, size_t size) {
     unref(it->second.handle);
     it = maps.erase(it);
   }
+  if (san::on()) san::unprotect(ptr, size);
   remap_no_access(a, size);
   return vnpuSuccess;
 }

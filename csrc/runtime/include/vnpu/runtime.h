@@ -509,16 +509,25 @@ vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes);
 // vnpuErrorHostAccess once (nothing queued; a synchronize has waited), with
 // vnpuSanitizerGetLastReport describing it. A hardware port, whose device
 // memory is not host-addressable, never reports it and may implement
-// Begin/End as no-ops. Needs pkeys (x86 PKU, Linux >= 4.9): without them, or
-// with VNPU_SANITIZE_HOST_ACCESS=0, check 4 is off and the other checks stay on.
-// 1 if check 4 is active; *reason (may be null) says why not when the
-// sanitizer is on but check 4 could not be ("" otherwise).
+// Begin/End as no-ops. Uses pkeys (x86 PKU, Linux >= 4.9); without them (or
+// with VNPU_SANITIZE_HOST_ACCESS=mprotect) page protection, which misses host
+// accesses to memory a kernel touched since the host last synchronized.
+// VNPU_SANITIZE_HOST_ACCESS=0 turns check 4 off; the other checks stay on.
+// 0 if check 4 is off, 1 with protection keys, 2 with page protection;
+// *reason (may be null) is "" (kept for compatibility).
 int vnpuSanitizerHostAccessCheckEnabled(const char** reason);
 // The calling thread does device work on the host (a synchronous kernel, a
 // transport thread): it may touch device memory until the matching End.
 // Nestable; threads it creates meanwhile inherit the access. No-op when off.
 vnpuError_t vnpuSanitizerDeviceAccessBegin();
 vnpuError_t vnpuSanitizerDeviceAccessEnd();
+// Device memory is about to be read or written by the OS on behalf of a
+// thread that has access (a socket transport's send/recv): with page
+// protection such accesses cannot fault and get EFAULT, so device memory is
+// opened and not protected again until the last matching End (check 4 misses
+// host accesses meanwhile). No-op with keys (the thread's rights apply) or off.
+vnpuError_t vnpuSanitizerSystemAccessBegin();
+vnpuError_t vnpuSanitizerSystemAccessEnd();
 // vnpuErrorHostAccess (and the report) if host code touched device memory
 // since the last report, else vnpuSuccess.
 vnpuError_t vnpuSanitizerCheckHostAccess();
