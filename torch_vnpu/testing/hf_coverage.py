@@ -493,6 +493,25 @@ def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes):
     return bad + ["against compiled CPU too: " + x for x in again]
 
 
+def _generate_against_compiled_cpu(model, ids, cfg, tv, note, static=False):
+    """``--compile``, after generate's tokens differ from eager CPU's: the same generate compiled on CPU (on a
+    copy of the CPU model; ``static``: with the static cache, as :func:`_generate_static_compiled`) is the
+    oracle, since Inductor's numerics can flip a near-tie at one step and every token after it (doge,
+    deepseek_v32). Returns (ok, note): ok when vnpu's tokens equal compiled CPU's."""
+    import torch
+
+    model_c = copy.deepcopy(model)
+    if static:
+        tc = _generate_static_compiled(model_c, ids, cfg)
+    else:
+        model_c.compile()
+        tc, _ = _generate(model_c, ids, cfg)
+    if torch.equal(tc, tv):
+        return True, ("tokens differ from eager CPU's as the model compiled on CPU's do (Inductor's numerics; vnpu "
+                      "matches compiled CPU): " + note)
+    return False, note + f"; compiled CPU's tokens {tc[0].tolist()} differ too"
+
+
 def compare_generate(tc, lc, tv):
     """(ok, note): exact token match, or a tie at the first differing step (see module docstring)."""
     if tc.shape == tv.shape and bool((tc == tv).all()):
@@ -621,6 +640,11 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
             tv, _ = _generate(model_v, ids_v, cfg)
             torch.vnpu.synchronize()
             ok, note = compare_generate(ref_gen[0], ref_gen[1], tv)
+            if not ok and compile:
+                step("cpu_compiled_generate")
+                cpu_graphs = counters["stats"]["unique_graphs"]
+                ok, note = _generate_against_compiled_cpu(model, ids, cfg, tv, note)
+                graphs_before += counters["stats"]["unique_graphs"] - cpu_graphs  # not the vnpu model's
             if not ok:
                 bad.append("generate: " + note)
             elif note:
@@ -665,6 +689,9 @@ def _static_cache_stage(res, model, ids, cfg, ref_gen, dev, step, bad):
     finally:
         res["static_cache_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
     ok, note = compare_generate(ref_gen[0], ref_gen[1], tv)
+    if not ok:
+        step("cpu_compiled_generate_static")
+        ok, note = _generate_against_compiled_cpu(model, ids, cfg, tv, note, static=True)
     res["static_cache"] = "pass" if ok else "mismatch"
     if not ok:
         bad.append("static-cache generate (compiled): " + note)
