@@ -81,7 +81,7 @@ def test_compiled_mismatch_is_judged_against_the_model_compiled_on_cpu():
     assert hf_coverage._against_compiled_cpu(model, ids, w, ref_logits, ref_grads, ["grad x: made up"], notes) == []
     assert "Inductor's numerics" in notes[0] and "grad x: made up" in notes[0]
     wrong = {n: g * 1.01 for n, g in ref_grads.items()}
-    bad = hf_coverage._against_compiled_cpu(model, ids, w, ref_logits, wrong, ["grad x: made up"], [])
+    bad = hf_coverage._against_compiled_cpu(model, ids, w, ref_logits, wrong, ["grad x: made up"], [], ref_grads)
     assert bad[0] == "grad x: made up" and any("against compiled CPU too: grad" in b for b in bad[1:])
 
 

@@ -470,11 +470,13 @@ def compare_grads(gc, gv, compiled=False, notes=None):
     return bad
 
 
-def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes):
+def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes, ref_grads=None):
     """``--compile``, after a mismatch against eager CPU: Inductor's fused kernels reorder float sums, which can
     exceed the tolerances where values cancel (e.g. blt's 7e-6 cross-attention gradients). The same model
-    compiled on CPU is then the oracle for vnpu's compile path: if vnpu matches it, the mismatch is Inductor's
-    numerics (noted, not a failure); otherwise the mismatch stands, with the comparison to compiled CPU added."""
+    compiled on CPU is then the oracle for vnpu's compile path: vnpu passes if it matches compiled CPU within
+    the tolerances, or if each gradient's distance to eager CPU (``ref_grads``) is at most twice compiled CPU's
+    own (Inductor reorders differently per device: falcon's gradients are 1% off eager on both, 7.2 and 8.7 of
+    745). Otherwise the mismatch stands, with the comparison to compiled CPU added."""
     import torch
 
     model_c = copy.deepcopy(model)
@@ -485,10 +487,17 @@ def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes):
         torch.testing.assert_close(logits_v, logits_c, **LOGITS_TOL)
     except AssertionError as e:
         again.append("logits: " + _short(str(e), 300))
-    again += ["grad " + x for x in compare_grads(grads_c, grads_v)]
+    for n in (x.split(": ", 1)[0] for x in compare_grads(grads_c, grads_v)):
+        a, b, c = (ref_grads or {}).get(n), grads_v.get(n), grads_c.get(n)
+        if a is not None and b is not None and c is not None and a.shape == b.shape == c.shape:
+            err_v = (b.double() - a.double()).norm().item()
+            err_c = (c.double() - a.double()).norm().item()
+            if err_v <= 2 * err_c + GRAD_ATOL:
+                continue
+        again += ["grad " + x for x in compare_grads({n: grads_c.get(n)}, {n: grads_v.get(n)})]
     if not again:
         notes.append("differs from eager CPU as the model compiled on CPU does (Inductor's numerics; vnpu "
-                     "matches compiled CPU): " + bad[0])
+                     "matches compiled CPU or is as close to eager as it): " + bad[0])
         return []
     return bad + ["against compiled CPU too: " + x for x in again]
 
@@ -633,7 +642,7 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
         if compile and bad:
             step("cpu_compiled_check")
             cpu_graphs = counters["stats"]["unique_graphs"]
-            bad = _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, res["notes"])
+            bad = _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, res["notes"], ref_grads)
             graphs_before += counters["stats"]["unique_graphs"] - cpu_graphs  # not the vnpu model's
         if ref_gen is not None:
             step("vnpu_generate")
