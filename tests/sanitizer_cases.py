@@ -245,6 +245,28 @@ def nonblocking_copy_other_stream_synced(fix: bool):
     return got, v * 2
 
 
+def pinned_round_trip(fix: bool):
+    """Correct (fix or not): a hop through pinned host memory, x.to("cpu", non_blocking=True).to("vnpu",
+    non_blocking=True): the download writes the buffer the upload then reads, in stream order."""
+    v = values()
+    x = v.to("vnpu")
+    torch.vnpu._sleep(BUSY_NS // 5)
+    y = (x * 2).to("cpu", non_blocking=True).to("vnpu", non_blocking=True)
+    return y.cpu(), v * 2
+
+
+def pinned_upload_then_download_same_buffer(fix: bool):
+    """Correct (fix or not): one pinned buffer is the source of an upload and then, on the same stream, the
+    destination of a download (activation offloading, a bounce buffer), both queued behind busy work."""
+    v = values()
+    buf = v.clone().pin_memory()
+    torch.vnpu._sleep(BUSY_NS // 5)
+    d = buf.to("vnpu", non_blocking=True)  # reads buf when the stream gets there
+    buf.copy_(d * 10, non_blocking=True)   # then writes it, in stream order
+    torch.vnpu.synchronize()
+    return torch.cat([d.cpu(), buf]), torch.cat([v, v * 10])
+
+
 def poll_pinned_destination(fix: bool):
     """Polls the pinned destination of a non_blocking copy until the value appears, with no stream wait (a
     flag-polling pattern). The sanitizer holds the copy back until the host waits, but at most a second, so
@@ -335,7 +357,8 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
                                  pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,
                                  copy_reads_side_stream_output, poll_pinned_destination,
-                                 nonblocking_copy_other_stream_synced,
+                                 nonblocking_copy_other_stream_synced, pinned_round_trip,
+                                 pinned_upload_then_download_same_buffer,
                                  graph_replay_race)}
 
 

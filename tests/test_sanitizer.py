@@ -108,6 +108,17 @@ def test_synchronizing_another_stream_does_not_release_a_nonblocking_copy():
     assert sanitized("nonblocking_copy_other_stream_synced", fix=True) == {"ok": 0.0}
 
 
+@pytest.mark.parametrize("case", ["pinned_round_trip", "pinned_upload_then_download_same_buffer"])
+def test_pinned_buffer_used_both_ways_in_stream_order_runs_clean(case):
+    """Note [Pinned buffers both ways]: found by the third break test, a false StreamRaceError ("host code
+    rewrote") on these correct programs, and the device got NaN (the download's poison overwrote the buffer the
+    queued upload had still to read)."""
+    if not torch.vnpu.sanitizer.is_enabled():
+        got, expected = cases.CASES[case](False)
+        assert torch.equal(got, expected)
+    assert sanitized(case, fix=True) == {"ok": 0.0}
+
+
 def test_polling_a_pinned_destination_does_not_hang():
     """Note [Deferred host copies]: the held-back copy runs after at most a second without a host wait (found
     by the first break test: a polling loop never ended under the sanitizer)."""

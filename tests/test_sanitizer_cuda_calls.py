@@ -145,6 +145,19 @@ def test_torchs_own_disabling_warnings_stay_on_the_users_line(tmp_path):
     assert "cuda_calls.py" not in proc.stderr
 
 
+def test_code_without_a_source_file_is_reported_and_keeps_running(tmp_path):
+    # Found by the third break test: from `python -c`, stdin or exec the report raised ImportError inside the
+    # warning machinery (the loader of __main__ has no source) and killed the program.
+    code = "import torch\nprint(torch.cuda.is_bf16_supported())\nprint(torch.ones(1, device='vnpu').is_cuda)\n"
+    proc = _run(["-c", code], tmp_path)
+    assert proc.stdout.split() == ["False", "False"]
+    assert proc.stderr.count("CudaCallWarning") == 2, proc.stderr[-3000:]
+    env = dict(os.environ, PYTHONWARNINGS="always", VNPU_SANITIZE="1")
+    piped = subprocess.run([sys.executable, "-"], input=code, cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert piped.returncode == 0 and piped.stdout.split() == ["False", "False"], piped.stderr[-3000:]
+
+
 def test_without_the_sanitizer_and_under_port_mode_nothing_is_reported(tmp_path):
     proc = _run([NANOGPT, "--device=vnpu", f"--out={tmp_path / 'a.json'}"], tmp_path, sanitize=False)
     assert _reports(proc.stderr) == []

@@ -105,6 +105,13 @@ def _port_mode() -> bool:
     return port is not None and port.is_enabled()
 
 
+def _source_globals(filename: str, module_globals):
+    """``module_globals`` for ``warn_explicit`` (it shows the source line through the module's loader), or None
+    for code without a source file (``python -c``, stdin, ``exec``): there ``__main__``'s loader is the built-in
+    importer, whose ``get_source`` raises ImportError inside the warning machinery."""
+    return module_globals if module_globals is not None and os.path.isfile(filename) else None
+
+
 def _emit(filename: str, lineno: int, code: str, replacement: str, module_globals=None) -> None:
     key = (filename, lineno)
     with _lock:
@@ -113,7 +120,8 @@ def _emit(filename: str, lineno: int, code: str, replacement: str, module_global
         _seen.add(key)
         report = Report(filename, lineno, code, replacement)
         _reports.append(report)
-    warnings.warn_explicit(report.message(), CudaCallWarning, filename, lineno, module_globals=module_globals)
+    warnings.warn_explicit(report.message(), CudaCallWarning, filename, lineno,
+                           module_globals=_source_globals(filename, module_globals))
 
 
 def _scan(filename: str) -> None:
@@ -167,7 +175,7 @@ def _attributing_warnings(caller, original, args, kwargs):
             if os.path.abspath(w.filename) == here:
                 user = _user_frame(caller, walk=True) or caller
                 warnings.warn_explicit(w.message, w.category, user.f_code.co_filename, user.f_lineno,
-                                       module_globals=user.f_globals)
+                                       module_globals=_source_globals(user.f_code.co_filename, user.f_globals))
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 

@@ -114,7 +114,8 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
                        : kind == vnpuMemcpyHostToDevice ? "memcpy HtoD"
                                                           : "memcpy HtoH";
     if (kind == vnpuMemcpyDeviceToHost && san::on() && !launch_blocking()) {
-      std::memset(dst, 0xFF, count);  // Note [Deferred host copies]
+      // Note [Deferred host copies]; not over the source of an upload still queued (Note [Pinned buffers both ways]).
+      if (capture_of(s) || san::note_download(s, dst, count)) std::memset(dst, 0xFF, count);
       // A captured copy runs at each replay, after the capture's host waits: no gate.
       const san::Gate gate = capture_of(s) ? san::Gate{} : san::gate_ticket(s);
       return finish_submission(s, s->submit(name, [dst, src, count, gate] {
@@ -123,7 +124,11 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
       }, nullptr, info));
     }
     if (kind == vnpuMemcpyHostToDevice && san::on() && !launch_blocking() && !capture_of(s)) {
-      san::note_upload(s, src, count);  // Note [Pinned uploads]
+      auto ran = san::note_upload(s, src, count);  // Note [Pinned uploads]
+      return finish_submission(s, s->submit(name, [dst, src, count, ran] {
+        std::memmove(dst, src, count);
+        ran->store(true);
+      }, nullptr, info));
     }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
                                           info));

@@ -292,7 +292,10 @@ vnpuError_t report_host_access(vnpuStream_st* s, const char* name);
 extern std::atomic<bool> g_deferred_pending;
 vnpuError_t take_deferred(vnpuStream_st* s, const char* name);  // vnpuErrorStreamRace (report set) once
 // A non_blocking copy from pinned memory at `src` was just queued on s (after its begin_task).
-void note_upload(vnpuStream_st* s, const void* src, size_t bytes);
+// A pinned upload / download queued on s (Note [Pinned uploads], Note [Pinned buffers both ways]). The upload's
+// task sets the returned flag once it ran; note_download says whether the destination may be poisoned now.
+std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes);
+bool note_download(vnpuStream_st* s, void* dst, size_t bytes);
 }  // namespace san
 // Calls f(start, bytes) for every vnpuMemMap mapping (vmm.cpp), under its lock.
 void for_each_mapping(const std::function<void(void*, size_t)>& f);

@@ -24,6 +24,7 @@
 #include "internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -281,9 +282,35 @@ constexpr size_t kMaxUploadBytes = size_t(256) << 20;
 std::vector<Upload> g_uploads;  // guarded by g_mu
 size_t g_upload_bytes = 0;
 
+// Note [Pinned buffers both ways]
+// A pinned buffer may be the source of an upload and then, in stream order,
+// the destination of a download (activation offloading, bounce buffers), or
+// the reverse: legal on CUDA. So (a) a download drops the snapshots of the
+// uploads from its range that are ordered before it (the stream, not host
+// code, rewrites their source), (b) an upload from a range a pending download
+// will write is not snapshotted (the bytes it reads are the download's), and
+// (c) a download does not poison its destination at the call (Note [Deferred
+// host copies]) while an upload from that range has not run yet: the poison
+// would be what the upload reads.
+struct Download {
+  const char* dst = nullptr;
+  size_t bytes = 0;
+  uint32_t slot = 0;
+  uint64_t pos = 0;
+};
+std::vector<Download> g_downloads;  // guarded by g_mu; until the host is ordered after them
+struct Inflight {                   // every pinned upload until it ran
+  const char* src = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<std::atomic<bool>> ran;
+};
+std::vector<Inflight> g_inflight;  // guarded by g_mu
+
+bool overlaps(const char* a, size_t na, const char* b, size_t nb) { return a < b + nb && b < a + na; }
+
 // With g_mu held, after the host's clock grew: compares the uploads it now orders.
 void check_uploads() {
-  if (g_uploads.empty()) return;
+  if (g_uploads.empty() && g_downloads.empty()) return;
   const Clock& host = g_clocks[0];
   auto done = [&](Upload& u) {
     if (u.slot >= host.size() || host[u.slot] < u.pos) return false;
@@ -306,6 +333,9 @@ void check_uploads() {
     return true;
   };
   g_uploads.erase(std::remove_if(g_uploads.begin(), g_uploads.end(), done), g_uploads.end());
+  g_downloads.erase(std::remove_if(g_downloads.begin(), g_downloads.end(),
+                                   [&](const Download& d) { return d.slot < host.size() && host[d.slot] >= d.pos; }),
+                    g_downloads.end());
 }
 }  // namespace
 
@@ -465,9 +495,16 @@ void host_waited_event(vnpuEvent_st* e) {
   check_uploads();
 }
 
-void note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
+std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> g(g_mu);
-  if (g_upload_bytes + bytes > kMaxUploadBytes) return;
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  g_inflight.erase(std::remove_if(g_inflight.begin(), g_inflight.end(), [](const Inflight& i) { return i.ran->load(); }),
+                   g_inflight.end());
+  g_inflight.push_back({static_cast<const char*>(src), bytes, ran});
+  for (const Download& d : g_downloads) {
+    if (overlaps(d.dst, d.bytes, static_cast<const char*>(src), bytes)) return ran;  // Note [Pinned buffers both ways] (b)
+  }
+  if (g_upload_bytes + bytes > kMaxUploadBytes) return ran;
   Upload u;
   u.src = static_cast<const char*>(src);
   u.bytes = bytes;
@@ -477,6 +514,29 @@ void note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
   u.pos = g_pos[u.slot];  // the copy's task (begin_task just counted it)
   g_upload_bytes += bytes;
   g_uploads.push_back(std::move(u));
+  return ran;
+}
+
+bool note_download(vnpuStream_st* s, void* dst, size_t bytes) {
+  std::lock_guard<std::mutex> g(g_mu);
+  const char* d = static_cast<const char*>(dst);
+  const uint32_t k = slot_of(s);
+  const Clock& c = g_clocks[k];
+  // (a): uploads ordered before this download stop being compared.
+  g_uploads.erase(std::remove_if(g_uploads.begin(), g_uploads.end(),
+                                 [&](const Upload& u) {
+                                   const bool drop = overlaps(u.src, u.bytes, d, bytes) &&
+                                                     (u.slot == k || (u.slot < c.size() && c[u.slot] >= u.pos));
+                                   if (drop) g_upload_bytes -= u.bytes;
+                                   return drop;
+                                 }),
+                  g_uploads.end());
+  g_downloads.push_back({d, bytes, k, g_pos[k]});
+  // (c): poison only if no upload from this range is still to run.
+  for (const Inflight& i : g_inflight) {
+    if (!i.ran->load() && overlaps(i.src, i.bytes, d, bytes)) return false;
+  }
+  return true;
 }
 
 // Note [Deferred host copies]
