@@ -299,6 +299,33 @@ def test_pool_memory_released_on_reset():
     assert torch.vnpu.memory_reserved() == base
 
 
+def test_block_freed_during_capture_waits_for_its_streams_after_the_capture():
+    # A block used by another stream and freed during a capture gets its stream events when the capture
+    # ends (CUDA's allocator defers them too). Until then it must not count as free: before the fix, freeing
+    # its neighbour merged the two, the merged block went back to the pool while the other stream still
+    # used it, and ending the capture then touched the deleted block (memory corruption, found with
+    # make_graphed_callables after an invalidated capture).
+    side = torch.vnpu.Stream()
+    x = torch.zeros(1024, device="vnpu")  # 4 KiB blocks of one small segment, side by side
+    y = torch.zeros(1024, device="vnpu")
+    x_ptr = x.data_ptr()
+    assert y.data_ptr() == x_ptr + x.nbytes
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g, capture_error_mode="relaxed"):
+        captured = torch.ones(8, device="vnpu") * 2
+        with torch.vnpu.stream(side):  # not capturing: runs now, and is busy past the capture
+            torch.vnpu._sleep(300_000_000)
+            x.add_(1)
+        x.record_stream(side)
+        del x, y
+    w = torch.empty(2048, device="vnpu")  # as large as both: the merged block, if there were one
+    assert not side.query(), "the side stream finished too early for this test to mean anything"
+    assert w.data_ptr() != x_ptr
+    side.synchronize()
+    g.replay()
+    assert captured.tolist() == [2.0] * 8
+
+
 def test_pool_shared_between_graphs_and_output_outliving_reset():
     x = torch.randn(128, 128, device="vnpu")
     base = _settled_reserved()

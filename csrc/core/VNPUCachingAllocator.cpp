@@ -83,6 +83,7 @@ struct Block {
   Block* prev = nullptr;      // neighbours within the same segment
   Block* next = nullptr;
   int event_count = 0;        // outstanding recordStream events
+  bool deferred = false;      // freed during a capture, its stream events not recorded yet (free())
   uint64_t freed_at = 0;      // free counter when it last became free (garbage collection order)
   std::set<vnpuStream_t> stream_uses;
   Context context_when_allocated;          // memory history: where the block was last handed out
@@ -91,7 +92,7 @@ struct Block {
   Block(DeviceIndex d, vnpuStream_t s, size_t n, BlockPool* p, char* ptr_)
       : device(d), stream(s), size(n), pool(p), ptr(ptr_) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool is_free() const { return !allocated && event_count == 0 && mapped; }  // then it is in its pool
+  bool is_free() const { return !allocated && !deferred && event_count == 0 && mapped; }  // then in its pool
 };
 
 // Note [Expandable segments]
@@ -299,7 +300,10 @@ class DeviceCachingAllocator {
       // Blocks freed during the capture while other streams used them: their events now (see free()).
       auto deferred = std::move(deferred_until_no_capture_);
       deferred_until_no_capture_.clear();
-      for (Block* b : deferred) free_after_stream_uses(b);
+      for (Block* b : deferred) {
+        b->deferred = false;
+        free_after_stream_uses(b);
+      }
     }
   }
 
@@ -327,6 +331,7 @@ class DeviceCachingAllocator {
       // An event recorded now on a capturing stream would be part of the graph: wait for the
       // captures to end, as CUDA's allocator does (the block stays out of every pool meanwhile).
       if (!captures_underway_.empty()) {
+        block->deferred = true;  // not free: a neighbour freed meanwhile must not merge it
         deferred_until_no_capture_.push_back(block);
         return;
       }
