@@ -66,6 +66,23 @@ def free_without_record_stream_no_reuse(fix: bool):
     return out.cpu(), expected
 
 
+def record_stream_on_the_wrong_stream(fix: bool):
+    """A tensor read on one side stream is recorded on another (a typo among several streams) and dropped:
+    the block is handed out again once the recorded stream passes the free, while the reading stream may
+    still read it. Fix: record_stream on the stream that used it."""
+    main, side, other = torch.vnpu.current_stream(), torch.vnpu.Stream(), torch.vnpu.Stream()
+    v = values()
+    x = v.to("vnpu")
+    side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(BUSY_NS)
+        out = x * 2
+    x.record_stream(side if fix else other)
+    del x
+    torch.vnpu.synchronize()  # the next vnpu call: a free cannot raise, the report comes here
+    return out.cpu(), v * 2
+
+
 def free_race_reader_result(fix: bool):
     """The same with its report caught: the side stream's read still sees the tensor's values (the
     sanitizer's poison fill of the freed block waits for it)."""
@@ -352,7 +369,8 @@ def graph_replay_race(fix: bool):
 
 
 CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record_stream_no_reuse,
-                                 free_race_reader_result, strided_slices_from_two_streams,
+                                 free_race_reader_result, record_stream_on_the_wrong_stream,
+                                 strided_slices_from_two_streams,
                                  column_blocks_from_two_streams, missing_wait_stream, host_op_reads_side_stream,
                                  use_after_free, nonblocking_copy_read_early, pinned_staging_rewritten,
                                  pinned_staging_rewritten_then_item, free_race_as_last_vnpu_call, race_caught_then_retried,

@@ -78,6 +78,19 @@ def test_stream_race_free_without_record_stream_memory_not_reused():
     assert sanitized("free_without_record_stream_no_reuse", fix=True) == {"ok": 0.0}
 
 
+def test_record_stream_on_the_wrong_stream_is_reported_at_the_next_call():
+    """A free with record_stream is checked at the free too, against the streams it was recorded on (before:
+    only when a later allocation processed the block's events, never at exit, and "freed at" named that
+    allocation's line)."""
+    r = sanitized("record_stream_on_the_wrong_stream", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    msg = r["message"]
+    assert "stream race at a free" in msg and "'aten::mul.Tensor' on <torch.vnpu.Stream" in msg
+    assert "It was freed" in msg and "in record_stream_on_the_wrong_stream" in msg
+    assert "reported at the next vnpu call, 'vnpuDeviceSynchronize'" in msg
+    assert sanitized("record_stream_on_the_wrong_stream", fix=True) == {"ok": 0.0}
+
+
 def test_free_race_poison_fill_waits_for_the_unordered_reader():
     # Before: the poison fill queued on the freeing stream ran while the side stream still had to read.
     assert sanitized("free_race_reader_result", fix=False) == {"ok": 0.0}

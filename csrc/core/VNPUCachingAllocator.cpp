@@ -328,6 +328,7 @@ class DeviceCachingAllocator {
     if (is_oversize(block)) stats_.oversize_allocations.decrease(1);
     report_to_profiler(block->ptr, -static_cast<int64_t>(block->size));
     if (!block->stream_uses.empty()) {
+      if (sanitizing() && block->pool->owner == nullptr) check_free_recorded(block);
       // An event recorded now on a capturing stream would be part of the graph: wait for the
       // captures to end, as CUDA's allocator does (the block stays out of every pool meanwhile).
       if (!captures_underway_.empty()) {
@@ -339,6 +340,19 @@ class DeviceCachingAllocator {
       return;
     }
     free_block(block);
+  }
+
+  // Note [Frees with record_stream] (runtime sanitizer.cpp): a stream that used the block and was not
+  // recorded is found at the free, where the Python stack names the line that dropped the tensor.
+  void check_free_recorded(Block* block) {
+    std::vector<vnpuStream_t> uses(block->stream_uses.begin(), block->stream_uses.end());
+    const vnpuError_t e = vnpuSanitizerFreeRecorded(block->ptr, block->size, block->stream, uses.data(), uses.size());
+    if (e == vnpuErrorStreamRace) {
+      auto recorder = g_sanitizer_recorder.load();
+      note_free_race(block->sanitizer_context, recorder != nullptr ? recorder() : nullptr);
+    } else {
+      VNPU_CHECK(e);
+    }
   }
 
   // Reuse only after every stream that used the block is past this point.

@@ -197,12 +197,17 @@ std::string describe_free_race(const char* op, const vnpuSanitizerReport& r) {
   c10::vnpu::allocator::takeSanitizerFreeRace(&allocated, &dropped);
   const std::string freer = stream_name(r.freed_on), there = stream_name(r.other_stream);
   std::ostringstream m;
+  const bool recorded = r.recorded_on != nullptr;  // Note [Frees with record_stream]
+  const std::string reuse = recorded ? "once " + stream_name(r.recorded_on) + " passes the free" : "at once";
   m << "vNPU sanitizer: stream race at a free: the tensor memory of " << r.bytes << " bytes at " << r.ptr
-    << " was freed on " << freer << " (its tensor dropped without record_stream) while '" << r.other_name << "' on "
-    << there << " (its task #" << r.other_position << ") " << (r.other_write ? "writes" : "reads")
-    << " it, and nothing orders that stream before the free (no record_stream, event, wait_stream or synchronize). "
-       "The caching allocator hands the memory to the next allocation on "
-    << freer << " at once, which overwrites it while " << there
+    << " was freed on " << freer
+    << (recorded ? " (its tensor dropped after record_stream on " + stream_name(r.recorded_on) + " only)"
+                 : std::string(" (its tensor dropped without record_stream)"))
+    << " while '" << r.other_name << "' on " << there << " (its task #" << r.other_position << ") "
+    << (r.other_write ? "writes" : "reads") << " it, and nothing orders that stream before the free ("
+    << (recorded ? "no record_stream on it" : "no record_stream") << ", event, wait_stream or synchronize). "
+    << "The caching allocator hands the memory to the next allocation on " << freer << " " << reuse
+    << ", which overwrites it while " << there
     << " may still use it. This is reported by ordering, not timing: on a real accelerator the result depends on "
        "which stream runs first.";
   const std::string a = site_of(allocated), d = site_of(dropped);
@@ -212,8 +217,9 @@ std::string describe_free_race(const char* op, const vnpuSanitizerReport& r) {
   m << "\nA free cannot raise: this is reported at the next vnpu call, '" << name << "'"
     << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string())
     << ". The sanitizer poisons the freed memory only after the work " << there << " had queued at the free.";
-  m << "\nFix: call t.record_stream(s) for the side stream s before dropping the tensor t (the caching allocator then "
-       "waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
+  m << "\nFix: call t.record_stream(s) "
+    << (r.other_stream != nullptr ? "with s = " + there : std::string("for the side stream s")) << " before dropping the tensor t (the caching allocator "
+       "then waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
        "event recorded on s that "
     << freer << " waits for before the tensor is dropped).";
   return m.str();

@@ -100,6 +100,7 @@ struct Epoch {
   const char* name = nullptr;
   bool before_free = false;  // the range was freed after this access
   Rows rows;                 // the bytes it touched (Note [Strided accesses])
+  bool race_noted = false;   // reported as racing a free with record_stream (Note [Frees with record_stream])
 };
 
 struct Range {
@@ -240,7 +241,8 @@ void set_deferred(vnpuSanitizerReport r) {
   g_deferred_pending.store(true, std::memory_order_release);
 }
 
-void note_free_race(const void* ptr, size_t bytes, vnpuStream_st* s, const Epoch& other, bool other_write) {
+void note_free_race(const void* ptr, size_t bytes, vnpuStream_st* s, const Epoch& other, bool other_write,
+                    vnpuStream_st* recorded_on = nullptr) {
   vnpuSanitizerReport r;
   r.error = vnpuErrorStreamRace;
   r.deferred = 1;
@@ -252,6 +254,7 @@ void note_free_race(const void* ptr, size_t bytes, vnpuStream_st* s, const Epoch
   r.other_position = other.pos;
   r.other_name = other.name == nullptr ? "" : other.name;
   r.other_write = other_write ? 1 : 0;
+  r.recorded_on = recorded_on;
   set_deferred(std::move(r));
 }
 
@@ -648,7 +651,7 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream) {
     auto check = [&](const san::Epoch& e, bool write) {
       if (e.pos == 0 || e.before_free || san::ordered(c, k, e)) return;
       if (std::find(racing.begin(), racing.end(), e.slot) == racing.end()) racing.push_back(e.slot);
-      if (!reported && !san::g_deferred_pending.load(std::memory_order_relaxed)) {
+      if (!e.race_noted && !reported && !san::g_deferred_pending.load(std::memory_order_relaxed)) {
         reported = true;
         san::note_free_race(ptr, bytes, s, e, write);
       }
@@ -682,6 +685,55 @@ vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream) {
       std::memset(ptr, 0xFF, bytes);
     }, nullptr, {vnpuActivityKindMemset, bytes, vnpuMemcpyHostToHost, false});
   }
+  return reported ? vnpuErrorStreamRace : vnpuSuccess;
+}
+
+// Note [Frees with record_stream]
+// A block recorded on other streams (record_stream) is reused only once they
+// pass the free, so the allocator frees it in the runtime (vnpuSanitizerFree)
+// late, at the allocation that finds their events complete, or never before
+// exit. A stream that used the block but was not recorded (record_stream on
+// the wrong stream) races that reuse all the same, so the free is checked at
+// the free too, against the freeing stream, the host and the recorded
+// streams. A race found here is reported once (race_noted); the later
+// vnpuSanitizerFree still makes its poison fill wait for that stream.
+vnpuError_t vnpuSanitizerFreeRecorded(void* ptr, size_t bytes, vnpuStream_t stream, const vnpuStream_t* uses,
+                                      size_t count) {
+  if (!san::on() || bytes == 0) return vnpuSuccess;
+  if (ptr == nullptr || device_of(ptr) < 0 || (count > 0 && uses == nullptr)) return vnpuErrorInvalidValue;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  std::vector<vnpuStream_st*> recorded;
+  for (size_t i = 0; i < count; ++i) {
+    vnpuStream_st* u = resolve(uses[i]);
+    if (u == nullptr) return vnpuErrorInvalidResourceHandle;
+    recorded.push_back(u);
+  }
+  std::lock_guard<std::mutex> g(san::g_mu);
+  const uint32_t k = san::slot_of(s);
+  san::Clock c = san::g_clocks[k];
+  san::join(c, san::g_clocks[0]);
+  std::vector<uint32_t> covered{k};
+  for (vnpuStream_st* u : recorded) {
+    covered.push_back(san::slot_of(u));
+    san::join(c, san::g_clocks[covered.back()]);
+  }
+  bool reported = false;
+  auto check = [&](san::Epoch& e, bool write) {
+    if (e.pos == 0 || e.before_free || e.race_noted || san::ordered(c, k, e)) return;
+    if (std::find(covered.begin(), covered.end(), e.slot) != covered.end()) return;
+    e.race_noted = true;
+    if (!reported && !san::g_deferred_pending.load(std::memory_order_relaxed)) {
+      reported = true;
+      san::note_free_race(ptr, bytes, s, e, write, recorded.front());
+    }
+  };
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
+  san::cover(lo, lo + bytes, [&](uintptr_t, san::Range& r) {
+    if (r.freed) return;
+    for (auto& e : r.writers) check(e, true);
+    for (auto& e : r.readers) check(e, false);
+  });
   return reported ? vnpuErrorStreamRace : vnpuSuccess;
 }
 

@@ -463,6 +463,7 @@ struct vnpuSanitizerReport {
   // first byte that changed, `other_*` the upload.
   int deferred = 0;
   size_t host_offset = 0;
+  vnpuStream_t recorded_on = nullptr;  // deferred 1 from vnpuSanitizerFreeRecorded: a stream it was recorded on
   // HostAccess: `ptr` is the first address host code touched since the last
   // report, `write` whether it wrote; `stream`/`name` the call that reports it.
   uint64_t host_thread = 0;         // Linux tid of the thread that touched it
@@ -491,6 +492,15 @@ vnpuError_t vnpuSanitizerGetLastReport(vnpuSanitizerReport* report);
 // returned by the next call that reports host accesses (vnpuLaunchKernel*,
 // copies, memsets, synchronizes, vnpuSanitizerCheckHostAccess), on any thread.
 vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream);
+// The allocator frees [ptr, ptr+bytes) allocated on `stream` and recorded on
+// the `count` streams `uses` (record_stream): it calls vnpuSanitizerFree only
+// when they have passed this point. This checks the free now, as
+// vnpuSanitizerFree does, with the recorded streams counted as ordered: a
+// stream that used the range and is neither recorded nor ordered before the
+// free gives vnpuErrorStreamRace, reported as vnpuSanitizerFree's. Marks and
+// poisons nothing. No-op when off.
+vnpuError_t vnpuSanitizerFreeRecorded(void* ptr, size_t bytes, vnpuStream_t stream, const vnpuStream_t* uses,
+                                      size_t count);
 // ... hands [ptr, ptr+bytes) out again (the access history is kept: a task of
 // another stream still unordered with the old use is a race for the new one).
 vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes);
