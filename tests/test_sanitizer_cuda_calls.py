@@ -145,6 +145,30 @@ def test_torchs_own_disabling_warnings_stay_on_the_users_line(tmp_path):
     assert "cuda_calls.py" not in proc.stderr
 
 
+def test_autocast_state_read_for_cuda_is_reported_and_class_names_as_written(tmp_path):
+    # Found by the third break test: torch.get_autocast_dtype("cuda") inside a vnpu autocast region answers
+    # CUDA's state (float16), not the region's, unreported; `x.is_cuda` on a CPU tensor in the main script was
+    # reported by the static scan (False is right there); torch.autocast("cuda") was named torch.cuda.amp's.
+    (tmp_path / "state.py").write_text(textwrap.dedent("""
+        import torch
+        print(torch.ones(2).is_cuda)
+        with torch.autocast("vnpu", dtype=torch.bfloat16):
+            print(torch.get_autocast_dtype("cuda"), torch.is_autocast_enabled("cuda"))   # line 5
+            print(torch.get_autocast_dtype("vnpu"), torch.is_autocast_enabled("vnpu"))
+        with torch.autocast("cuda"):                                                     # line 7
+            pass
+        torch.cuda.amp.GradScaler()                                                      # line 9
+    """))
+    proc = _run(["state.py"], tmp_path)
+    assert proc.stdout.split() == ["False", "torch.float16", "False", "torch.bfloat16", "True"]
+    reports = [(n, m) for _, n, m in _reports(proc.stderr)]
+    assert [n for n, _ in reports] == [5, 7, 9], reports
+    assert 'torch.get_autocast_dtype("cuda")' in reports[0][1]
+    assert 'torch.get_autocast_dtype(device.type)' in reports[0][1]
+    assert reports[1][1].startswith('hard-coded CUDA in a program running on vnpu: torch.autocast("cuda") --')
+    assert reports[2][1].startswith("hard-coded CUDA in a program running on vnpu: torch.cuda.amp.GradScaler() --")
+
+
 def test_code_without_a_source_file_is_reported_and_keeps_running(tmp_path):
     # Found by the third break test: from `python -c`, stdin or exec the report raised ImportError inside the
     # warning machinery (the loader of __main__ has no source) and killed the program.

@@ -9,8 +9,9 @@ with the device-agnostic replacement (the table of ``python -m torch_vnpu.port.c
 (``.cuda()``, ``torch.cuda.set_device``) are reported too, before they raise, for the replacement.
 
 How: the ``torch.cuda`` functions that have a replacement, ``torch.amp.GradScaler.__init__`` and
-``torch.amp.autocast.__init__`` (for ``device="cuda"``; ``torch.cuda.amp``'s classes derive from them) and
-``Tensor.cuda`` / ``nn.Module.cuda`` are wrapped, and ``Tensor.is_cuda`` read on a vnpu tensor is reported;
+``torch.amp.autocast.__init__`` (for ``device="cuda"``; ``torch.cuda.amp``'s classes derive from them),
+``torch.get_autocast_dtype`` / ``torch.is_autocast_enabled`` (for ``"cuda"``) and ``Tensor.cuda`` /
+``nn.Module.cuda`` are wrapped, and ``Tensor.is_cuda`` read on a vnpu tensor is reported;
 nothing on vnpu's own paths is. String comparisons cannot be
 seen at run time: they are found statically (``torch_vnpu.port.check``) in the main script and in every file
 that reaches a wrapped call. Under port mode (``torch_vnpu.port``), which maps CUDA calls to vnpu, nothing is
@@ -141,7 +142,9 @@ def _scan(filename: str) -> None:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return
     for finding in findings:
-        if "compare" in finding.replacement or ".is_cuda" in finding.code:
+        # Only comparisons: calls are reported when they run, and so is ``is_cuda``, where it is read on an
+        # accelerator tensor (on a CPU tensor False is right).
+        if "compare" in finding.replacement:
             _emit(filename, finding.line, finding.code, finding.replacement)
 
 
@@ -180,20 +183,29 @@ def _attributing_warnings(caller, original, args, kwargs):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
-def _wrap(owner: object, name: str, code: str, replacement: str, when: Callable[..., bool] | None = None) -> None:
-    """Replace owner.name by a wrapper reporting calls made from user code (for classes' ``__init__``, with
-    ``when``: calls that a torch.cuda subclass made on the user's behalf too)."""
+def _wrap(owner: object, name: str, code: str | Callable[..., str], replacement: str,
+          when: Callable[..., bool] | None = None, walk: bool | None = None) -> None:
+    """Replace owner.name by a wrapper reporting calls made from user code (``code``: what was called, or a
+    function of the call's arguments that says it; ``when``: which calls; ``walk``, by default for classes'
+    ``__init__`` given ``when``: calls that a torch.cuda subclass made on the user's behalf too)."""
     original = getattr(owner, name)
-    walk = when is not None
+    walk = when is not None if walk is None else walk
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if when is None or when(*args, **kwargs):
-            _report_call(sys._getframe(1), code, replacement, walk)
+            _report_call(sys._getframe(1), code(*args, **kwargs) if callable(code) else code, replacement, walk)
         return _attributing_warnings(sys._getframe(1), original, args, kwargs)
 
     _originals.append((owner, name, original))
     setattr(owner, name, wrapper)
+
+
+def _class_call(obj, name: str, module: str) -> str:
+    """How the user named the class: the deprecated ``torch.cuda.amp.X()`` or ``torch.amp``'s ``X("cuda")``."""
+    if type(obj).__module__.startswith("torch.cuda.amp"):
+        return f"torch.cuda.amp.{name}()"
+    return f'{module}.{name}("cuda")'
 
 
 def _is_cuda(device) -> bool:
@@ -228,12 +240,16 @@ def install() -> None:
     for name, replacement in _CUDA_REPLACEMENTS.items():
         if "." not in name and callable(getattr(torch.cuda, name, None)) and not isinstance(getattr(torch.cuda, name), type):
             _wrap(torch.cuda, name, f"torch.cuda.{name}()", replacement)
-    _wrap(torch.amp.GradScaler, "__init__", 'GradScaler("cuda") (torch.cuda.amp.GradScaler)',
+    _wrap(torch.amp.GradScaler, "__init__", lambda self, *a, **k: _class_call(self, "GradScaler", "torch.amp"),
           'torch.amp.GradScaler(device.type) (a CUDA GradScaler disables itself without CUDA)',
           lambda self, device="cuda", *a, **k: _is_cuda(device))
-    _wrap(torch.amp.autocast, "__init__", 'autocast("cuda") (torch.cuda.amp.autocast)',
+    _wrap(torch.amp.autocast, "__init__", lambda self, *a, **k: _class_call(self, "autocast", "torch"),
           'torch.autocast(device.type, dtype=...) (a CUDA autocast disables itself without CUDA)',
           lambda self, device_type, *a, **k: _is_cuda(device_type))
+    # Autocast state read for CUDA inside a vnpu autocast region: CUDA's (off, float16), not the region's.
+    for name in ("get_autocast_dtype", "is_autocast_enabled"):
+        _wrap(torch, name, f'torch.{name}("cuda")', f"torch.{name}(device.type)",
+              lambda device_type=None, *a, **k: _is_cuda(device_type), walk=False)
     _wrap(torch.Tensor, "cuda", "Tensor.cuda()", "x.to(device) with device = torch.accelerator.current_accelerator()")
     _wrap(torch.nn.Module, "cuda", "Module.cuda()", "module.to(device) with device = torch.accelerator.current_accelerator()")
     _wrap_is_cuda()
