@@ -148,6 +148,16 @@ std::string allocation_site(int device, const void* base) {
 }
 
 // Check 4: host code touched device memory (Note [Protection keys], runtime host_access.cpp).
+const char kAtExit[] = "<at exit>";  // check_pending(true)'s op
+
+// Where a kept report surfaces: the call that returned it, or the exit.
+std::string reported_where(const char* op, const vnpuSanitizerReport& r) {
+  if (op == kAtExit) return "at exit, after the program's last vnpu call";
+  const char* name = op != nullptr ? op : r.name.c_str();
+  return std::string("at the next vnpu call, '") + name + "'" +
+         (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string());
+}
+
 std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
   std::ostringstream m;
   vnpuPointerAttributes attr{};
@@ -170,10 +180,9 @@ std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
        "(ctypes, numpy over the pointer, torch.from_blob on the CPU, a C extension) crashes or reads garbage there.";
   while (!site.empty() && site.back() == '\n') site.pop_back();
   if (!site.empty()) m << "\nThe tensor was allocated" << site;
-  const char* name = op != nullptr ? op : r.name.c_str();
   m << "\nThe access was carried out (" << r.host_pages << " page" << (r.host_pages == 1 ? "" : "s")
-    << " of device memory touched by host code since the last report) and is reported at the next vnpu call: '"
-    << name << "'" << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string()) << ".";
+    << " of device memory touched by host code since the last report) and is reported " << reported_where(op, r)
+    << ".";
   m << "\nFix: copy to the host first (t.cpu(), t.to(\"cpu\"), t.cpu().numpy(), t.tolist()) and write results back "
        "with t.copy_(cpu_tensor), or use torch operations on the vnpu tensor itself; never hand a vnpu data_ptr() "
        "to host code.";
@@ -213,10 +222,7 @@ std::string describe_free_race(const char* op, const vnpuSanitizerReport& r) {
   const std::string a = site_of(allocated), d = site_of(dropped);
   if (!a.empty()) m << "\nThe tensor was allocated" << a;
   if (!d.empty()) m << "\nIt was freed" << d;
-  const char* name = op != nullptr ? op : r.name.c_str();
-  m << "\nA free cannot raise: this is reported at the next vnpu call, '" << name << "'"
-    << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string())
-    << ". The sanitizer poisons the freed memory only after the work " << there << " had queued at the free.";
+  m << "\nA free cannot raise: this is reported " << reported_where(op, r) << ". The sanitizer poisons the freed memory only after the work " << there << " had queued at the free.";
   m << "\nFix: call t.record_stream(s) "
     << (r.other_stream != nullptr ? "with s = " + there : std::string("for the side stream s")) << " before dropping the tensor t (the caching allocator "
        "then waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
@@ -235,9 +241,7 @@ std::string describe_pinned_rewrite(const char* op, const vnpuSanitizerReport& r
     << "), a non_blocking copy to the device queued from it, reads, before the host waited for that copy. The "
        "device gets the old or the new bytes depending on which runs first (a staging buffer refilled for the next "
        "batch while the previous upload is still queued).";
-  const char* name = op != nullptr ? op : r.name.c_str();
-  m << "\nFound at the host's first wait ordered after the copy and reported at the next vnpu call, '" << name << "'"
-    << (r.stream != nullptr ? " on " + stream_name(r.stream) : std::string()) << ".";
+  m << "\nFound at the host's first wait ordered after the copy and reported " << reported_where(op, r) << ".";
   m << "\nFix: wait for the copy before the host writes the buffer again (s.synchronize() for the copying stream "
        "s, or e = torch.vnpu.Event(); e.record(s) after the copy and e.synchronize() before the write), or give each "
        "batch in flight its own pinned tensor (the pinned memory allocator reuses a block only after the copies that "
@@ -450,6 +454,13 @@ void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
   if (err == vnpuErrorUseAfterFree) throw UseAfterFreeError(std::move(msg));
   if (err == vnpuErrorHostAccess) throw HostAccessError(std::move(msg));
   throw StreamRaceError(std::move(msg));
+}
+
+void check_pending(bool at_exit) {
+  const vnpuError_t e = vnpuSanitizerCheckHostAccess();
+  if (e == vnpuErrorHostAccess || e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree)
+    raise(e, at_exit ? kAtExit : nullptr, nullptr);
+  VNPU_CHECK(e);
 }
 
 bool host_access_check() { return enabled() && vnpuSanitizerHostAccessCheckEnabled(nullptr) != 0; }

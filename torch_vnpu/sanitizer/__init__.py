@@ -108,7 +108,7 @@ def _report_pending_at_exit() -> None:
     if not torch.vnpu.is_initialized() or _C._sanitizer_errors_raised() > 0:
         return
     try:
-        _C._sanitizer_check_host_access()
+        _C._sanitizer_check_host_access(at_exit=True)
     except (StreamRaceError, UseAfterFreeError, HostAccessError) as e:
         sys.stdout.flush()
         print(
