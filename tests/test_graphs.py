@@ -181,8 +181,8 @@ def test_illegal_operation_during_capture_raises_and_process_stays_healthy(illeg
     keep = x * 10  # a tensor from before the capture must come out untouched
     _warmup(lambda: x * 2 + 1)
     g = torch.vnpu.VNPUGraph()
-    match = {"event_sync": "event recorded in the capturing stream", "cross_stream": "cross-stream capture"}.get(
-        illegal, CAPTURE_ERROR)
+    match = {"event_sync": "event recorded in the capturing stream",
+             "cross_stream": "waits on an event recorded outside the capture"}.get(illegal, CAPTURE_ERROR)
     with pytest.raises(RuntimeError, match=match) as info:
         with torch.vnpu.graph(g):
             y = x * 2 + 1
@@ -198,9 +198,11 @@ def test_illegal_operation_during_capture_raises_and_process_stays_healthy(illeg
                 torch.tensor([1.0, 2.0], device="vnpu")
             elif illegal == "event_sync":
                 torch.vnpu.current_stream().record_event().synchronize()
-            elif illegal == "cross_stream":
+            elif illegal == "cross_stream":  # a replay cannot depend on work outside the graph
                 other = torch.vnpu.Stream()
-                other.wait_stream(torch.vnpu.current_stream())
+                with torch.vnpu.stream(other):
+                    torch.vnpu._sleep(1000)
+                torch.vnpu.current_stream().wait_stream(other)
     assert "capture" in str(info.value)
     assert not torch.vnpu.is_current_stream_capturing()
     with pytest.raises(RuntimeError, match="without a preceding successful capture"):
@@ -214,6 +216,67 @@ def test_illegal_operation_during_capture_raises_and_process_stays_healthy(illeg
     x.add_(1)
     g.replay()
     assert torch.equal(z.cpu(), (torch.arange(8, dtype=torch.float32) + 1) * 2 + 1)
+
+
+def test_fork_join_capture_replays_like_eager():
+    # Note [Cross-stream capture] (runtime graph.cpp): a side stream that waits on the capturing stream joins the
+    # capture, as on CUDA; the graph then holds both streams' work (before: "cross-stream capture is not supported").
+    side = torch.vnpu.Stream()
+    x = torch.randn(64, device="vnpu")
+    _warmup(lambda: ((x * 2) + 1) * 3)
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        a = x * 2
+        side.wait_stream(torch.vnpu.current_stream())  # fork
+        with torch.vnpu.stream(side):
+            b = a + 1  # allocated on the side stream, from the graph's pool
+        torch.vnpu.current_stream().wait_stream(side)  # join
+        c = b * 3
+    for _ in range(3):
+        new = torch.randn(64)
+        x.copy_(new)
+        g.replay()
+        assert torch.equal(c.cpu(), (new * 2 + 1) * 3)
+    # Unjoined: the side stream's last work is not waited for; no graph, the streams stay usable.
+    g2 = torch.vnpu.VNPUGraph()
+    with pytest.raises(RuntimeError, match="capture unjoined.*never waited for"):
+        with torch.vnpu.graph(g2):
+            d = x * 2
+            side.wait_stream(torch.vnpu.current_stream())
+            with torch.vnpu.stream(side):
+                d.add_(1)
+    with torch.vnpu.stream(side):
+        e = x + 1
+    assert torch.equal(e.cpu(), x.cpu() + 1)
+
+
+def test_make_graphed_callables_after_a_capture_of_the_same_module():
+    # Found by the sanitizer break test of 2026-12-02: the first capture leaves the parameters' AccumulateGrad
+    # nodes on its stream, so the backward capture forks to that stream. Before: "cross-stream capture" and then
+    # memory corruption (abort, segfault or hang); now the graphed module trains like the eager one.
+    torch.manual_seed(0)
+    m = torch.nn.Linear(64, 64).to("vnpu")
+    ref = torch.nn.Linear(64, 64).to("vnpu")
+    ref.load_state_dict(m.state_dict())
+    static_x = torch.zeros(64, 64, device="vnpu")
+    _warmup(lambda: m(static_x).relu(), iters=3)
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        static_y = m(static_x).relu()
+    for _ in range(2):
+        static_x.copy_(torch.randn(64, 64))
+        g.replay()
+        assert torch.equal(static_y.cpu(), ref(static_x).relu().cpu())
+    del static_y
+    graphed = torch.vnpu.make_graphed_callables(m, (torch.randn(8, 64, device="vnpu", requires_grad=True),))
+    for _ in range(3):
+        inp = torch.randn(8, 64, device="vnpu")
+        m.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        graphed(inp).square().sum().backward()
+        ref(inp).square().sum().backward()
+        assert torch.equal(m.weight.grad.cpu(), ref.weight.grad.cpu())
+        assert torch.equal(m.bias.grad.cpu(), ref.bias.grad.cpu())
 
 
 def test_capture_end_reports_the_invalidating_call():

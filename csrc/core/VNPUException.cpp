@@ -49,6 +49,7 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
     case vnpuErrorStreamCaptureInvalidated:
     case vnpuErrorStreamCaptureIsolation:
     case vnpuErrorStreamCaptureWrongThread:
+    case vnpuErrorStreamCaptureUnjoined:
     case vnpuErrorCapturedEvent:
     case vnpuErrorIllegalState:
       // Graph capture (CUDA's codes): the runtime's message names the call and what to do.

@@ -77,7 +77,15 @@ class VNPUGraphImpl final : public GraphImplInterface {
       mempool_id_ = {g_next_pool_uid.fetch_add(1), 0};
     }
     vnpuStream_t raw = stream.stream();
-    c10::vnpu::allocator::beginAllocateToPool(dev, mempool_id_, [raw](vnpuStream_t s) { return s == raw; });
+    // The capturing stream and the streams that join its capture (Note [Cross-stream capture], runtime graph.cpp).
+    auto capture_id = std::make_shared<std::atomic<unsigned long long>>(0);
+    c10::vnpu::allocator::beginAllocateToPool(dev, mempool_id_, [raw, capture_id](vnpuStream_t s) {
+      if (s == raw) return true;
+      vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+      unsigned long long id = 0;
+      return vnpuStreamGetCaptureInfo(s, &status, &id) == vnpuSuccess && status != vnpuStreamCaptureStatusNone &&
+             id == capture_id->load();
+    });
     {
       std::lock_guard<std::mutex> g(g_capturing_mu);
       g_by_stream[raw] = this;
@@ -89,6 +97,10 @@ class VNPUGraphImpl final : public GraphImplInterface {
       c10::vnpu::allocator::releasePool(dev, mempool_id_);
       VNPU_CHECK(err);
     }
+    vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    VNPU_CHECK(vnpuStreamGetCaptureInfo(raw, &status, &id));
+    capture_id->store(id);
     capture_dev_ = dev;
     capture_stream_ = stream;
     capturing_ = true;

@@ -160,16 +160,52 @@ TEST_F(GraphTest, UnsafeCallsFollowTheCaptureMode) {
   EXPECT_EQ(vnpuStreamEndCapture(s, &g), vnpuErrorStreamCaptureInvalidated);
 }
 
-TEST_F(GraphTest, CrossStreamCaptureIsRefused) {
+TEST_F(GraphTest, CrossStreamCaptureForksAndJoins) {
+  // Note [Cross-stream capture]: another stream that waits on an event recorded in the capture joins it.
   Stream s, other;
-  Event e(vnpuEventDisableTiming);
+  Event e(vnpuEventDisableTiming), back(vnpuEventDisableTiming);
+  std::vector<int> order;
   vnpuGraph_t g;
-  // Fork: another stream waits on an event recorded in the capture.
+  ASSERT_EQ(vnpuStreamBeginCapture(s, vnpuStreamCaptureModeGlobal), vnpuSuccess);
+  ASSERT_EQ(vnpuLaunchKernel(s, "a", [&order] { order.push_back(1); }), vnpuSuccess);
+  ASSERT_EQ(vnpuEventRecord(e, s), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamWaitEvent(other, e, 0), vnpuSuccess);  // the fork
+  vnpuStreamCaptureStatus status;
+  ASSERT_EQ(vnpuStreamIsCapturing(other, &status), vnpuSuccess);
+  EXPECT_EQ(status, vnpuStreamCaptureStatusActive);
+  ASSERT_EQ(vnpuLaunchKernel(other, "b", [&order] { order.push_back(2); }), vnpuSuccess);
+  ASSERT_EQ(vnpuEventRecord(back, other), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamWaitEvent(s, back, 0), vnpuSuccess);  // the join
+  ASSERT_EQ(vnpuLaunchKernel(s, "c", [&order] { order.push_back(3); }), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamEndCapture(s, &g), vnpuSuccess);
+  EXPECT_TRUE(order.empty());  // recorded, not run
+  ASSERT_EQ(vnpuStreamIsCapturing(other, &status), vnpuSuccess);
+  EXPECT_EQ(status, vnpuStreamCaptureStatusNone);
+  size_t n = 0;
+  ASSERT_EQ(vnpuGraphGetNodeCount(g, &n), vnpuSuccess);
+  EXPECT_EQ(n, 3u);
+  vnpuGraphExec_t x;
+  ASSERT_EQ(vnpuGraphInstantiate(&x, g, 0), vnpuSuccess);
+  ASSERT_EQ(vnpuGraphLaunch(x, s), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  vnpuGraphExecDestroy(x);
+  vnpuGraphDestroy(g);
+
+  // Unjoined: the forked stream's last work is not waited for: no graph, and both streams are usable.
+  order.clear();
   ASSERT_EQ(vnpuStreamBeginCapture(s, vnpuStreamCaptureModeGlobal), vnpuSuccess);
   ASSERT_EQ(vnpuEventRecord(e, s), vnpuSuccess);
-  EXPECT_EQ(vnpuEventQuery(e), vnpuErrorCapturedEvent);
-  EXPECT_EQ(vnpuStreamWaitEvent(other, e, 0), vnpuErrorStreamCaptureIsolation);
-  EXPECT_EQ(vnpuStreamEndCapture(s, &g), vnpuErrorStreamCaptureInvalidated);
+  ASSERT_EQ(vnpuStreamWaitEvent(other, e, 0), vnpuSuccess);
+  ASSERT_EQ(vnpuLaunchKernel(other, "b", [&order] { order.push_back(2); }), vnpuSuccess);
+  EXPECT_EQ(vnpuStreamEndCapture(s, &g), vnpuErrorStreamCaptureUnjoined);
+  EXPECT_NE(std::string(vnpuGetLastErrorString()).find("never waited for"), std::string::npos);
+  ASSERT_EQ(vnpuStreamIsCapturing(other, &status), vnpuSuccess);
+  EXPECT_EQ(status, vnpuStreamCaptureStatusNone);
+  ASSERT_EQ(vnpuLaunchKernel(other, "d", [&order] { order.push_back(4); }), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamSynchronize(other), vnpuSuccess);
+  EXPECT_EQ(order, (std::vector<int>{4}));
+
   // Join from outside: the capturing stream waits on an event recorded elsewhere.
   ASSERT_EQ(vnpuEventRecord(e, other), vnpuSuccess);
   ASSERT_EQ(vnpuStreamBeginCapture(s, vnpuStreamCaptureModeGlobal), vnpuSuccess);

@@ -65,7 +65,8 @@ const char* vnpuGetErrorString(vnpuError_t error) {
     case vnpuErrorStreamCaptureInvalidated:
       return "operation failed due to a previous error during capture";
     case vnpuErrorStreamCaptureIsolation:
-      return "operation would make the capture depend on work outside it (cross-stream capture is not supported)";
+      return "operation would make the capture depend on work outside it";
+    case vnpuErrorStreamCaptureUnjoined: return "capture unjoined: a stream that joined it was not joined back";
     case vnpuErrorStreamCaptureWrongThread:
       return "attempt to end a capture begun by another thread";
     case vnpuErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";

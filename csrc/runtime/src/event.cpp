@@ -45,8 +45,7 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
     // Recorded into the capture: a marker only (waits on it from the same
     // capture are already ordered); nothing is queued.
     if (c->invalidated) return finish_submission(s, vnpuStream_st::Dropped);
-    std::lock_guard<std::mutex> g(event->mu);
-    event->captured_in = c;
+    capture_record_event(c, s, event);
     return vnpuSuccess;
   }
   if (san::on()) {  // Note [Sanitizer clocks]
@@ -59,6 +58,7 @@ vnpuError_t vnpuEventRecord(vnpuEvent_t event, vnpuStream_t stream) {
     gen = ++event->recorded;
     event->pending.insert(gen);
     event->captured_in.reset();
+    event->captured_known.clear();
   }
   // Published in on_complete: once the event reads complete, the stream reads
   // idle up to this point too (cudaStreamQuery after cudaEventSynchronize).
@@ -129,16 +129,10 @@ vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned
   if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
   vnpuStream_st* s = resolve(stream);
   if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  if (any_capture()) {  // See Note [Stream capture] (graph.cpp): no cross-stream capture
+  if (any_capture()) {  // See Note [Stream capture] and Note [Cross-stream capture] (graph.cpp)
     auto waiter = capture_of(s);
     auto recorded_in = live_capture_of(event);
-    if (recorded_in && recorded_in == waiter) return vnpuSuccess;  // same stream, same capture: ordered already
-    if (recorded_in) {
-      return refuse_on_capture(*recorded_in, vnpuErrorStreamCaptureIsolation,
-                               "a stream waits on an event recorded in another stream's capture (cross-stream "
-                               "capture: fork/join through events or wait_stream is not supported by vnpu "
-                               "graphs); capture all the work on one stream");
-    }
+    if (recorded_in) return capture_wait_event(recorded_in, s, event);  // a fork, a join, or ordered already
     if (waiter) {
       bool never_recorded;
       {

@@ -16,10 +16,26 @@
 // thread whose own mode is Relaxed (vnpuThreadExchangeStreamCaptureMode: the
 // caching allocator uses it for the segments of a graph's private pool).
 // The registry of live captures (g_live) is guarded by g_mu; lock order:
-// g_mu, then a stream's mu, then an event's mu.
+// g_mu, then a stream's mu, then a capture's nodes_mu, then an event's mu.
+//
+// Note [Cross-stream capture]
+// As in CUDA, a capture forks to another stream when that stream waits on an
+// event recorded in the capture: the stream joins the capture (its work is
+// recorded into the same graph from then on) until the capture ends, and the
+// capture joins it back when the origin stream waits on an event recorded on
+// it after its last task. This is how the autograd engine's cross-stream
+// synchronization (AccumulateGrad nodes on another stream) and fork/join code
+// with wait_stream are captured. A graph is replayed as one sequence in the
+// order the tasks were recorded, which is a valid order of the fork/join
+// graph: a task recorded after a wait was submitted after the event's record,
+// so after everything that record covers. At the end every joined stream's
+// last task must be ordered before the origin's end, through events
+// (transitively: `known` is a vector clock over node counts), else the capture
+// fails with vnpuErrorStreamCaptureUnjoined, as cudaStreamEndCapture does.
 #include "internal.h"
 
 #include <fstream>
+#include <sstream>
 
 struct vnpuGraph_st {
   int device = 0;
@@ -75,6 +91,54 @@ vnpuError_t refuse_on_capture(Capture& c, vnpuError_t err, const std::string& wh
   invalidate_capture(c, msg);
   set_last_error_message(std::move(msg));
   return err;
+}
+
+void capture_record_event(const std::shared_ptr<Capture>& c, vnpuStream_st* s, vnpuEvent_st* event) {
+  std::unordered_map<vnpuStream_st*, size_t> known;
+  {
+    std::lock_guard<std::mutex> nl(c->nodes_mu);
+    known = c->known[s];
+    auto it = c->last_node.find(s);
+    known[s] = it == c->last_node.end() ? 0 : it->second;
+  }
+  std::lock_guard<std::mutex> g(event->mu);
+  event->captured_in = c;
+  event->captured_known = std::move(known);
+}
+
+vnpuError_t capture_wait_event(const std::shared_ptr<Capture>& c, vnpuStream_st* s, vnpuEvent_st* event) {
+  std::lock_guard<std::mutex> g(g_mu);
+  {
+    std::lock_guard<std::mutex> lk(s->mu);
+    if (!s->capture) {
+      if (s->device != c->device) {
+        const std::string msg = refusal_message(
+            "a stream of another device waits on an event recorded in a capture (a graph runs on one device)");
+        invalidate_locked(*c, msg);
+        set_last_error_message(msg);
+        return vnpuErrorStreamCaptureIsolation;
+      }
+      s->capture = c;  // the fork: s joins the capture
+      c->joined.push_back(s);
+    } else if (s->capture != c) {
+      const std::string msg = refusal_message(
+          "a stream capturing one graph waits on an event recorded in another graph's capture (captures cannot "
+          "merge); end one capture before the other waits on its work");
+      invalidate_locked(*c, msg);
+      invalidate_locked(*s->capture, msg);
+      set_last_error_message(msg);
+      return vnpuErrorStreamCaptureIsolation;
+    }
+  }
+  std::unordered_map<vnpuStream_st*, size_t> from;
+  {
+    std::lock_guard<std::mutex> ev(event->mu);
+    from = event->captured_known;
+  }
+  std::lock_guard<std::mutex> nl(c->nodes_mu);
+  auto& mine = c->known[s];
+  for (const auto& [stream, n] : from) mine[stream] = std::max(mine[stream], n);
+  return vnpuSuccess;
 }
 
 vnpuError_t check_device_not_capturing(int device, const char* what) {
@@ -171,6 +235,29 @@ vnpuError_t vnpuStreamEndCapture(vnpuStream_t stream, vnpuGraph_t* graph) {
       }
       s->capture.reset();
     }
+    for (vnpuStream_st* j : c->joined) {  // Note [Cross-stream capture]
+      std::lock_guard<std::mutex> lk(j->mu);
+      if (j->capture == c) j->capture.reset();
+    }
+    if (!c->invalidated) {
+      std::lock_guard<std::mutex> nl(c->nodes_mu);
+      const auto& origin = c->known[s];
+      for (const auto& [j, last] : c->last_node) {
+        if (j == s || last == 0) continue;
+        auto it = origin.find(j);
+        if (it == origin.end() || it->second < last) {
+          std::ostringstream msg;
+          msg << "vnpuStreamEndCapture: a stream that joined the capture (stream " << static_cast<const void*>(j)
+              << ") has work the capturing stream never waited for: make the capturing stream wait on it "
+                 "(wait_stream, or an event recorded on it after its last work) before the capture ends";
+          set_last_error_message(msg.str());
+          g_live.erase(std::find(g_live.begin(), g_live.end(), c));
+          g_captures_underway.fetch_sub(1);
+          c->ended = true;
+          return vnpuErrorStreamCaptureUnjoined;
+        }
+      }
+    }
     g_live.erase(std::find(g_live.begin(), g_live.end(), c));
     g_captures_underway.fetch_sub(1);
     c->ended = true;
@@ -184,7 +271,7 @@ vnpuError_t vnpuStreamEndCapture(vnpuStream_t stream, vnpuGraph_t* graph) {
   auto* gr = new vnpuGraph_st();
   gr->device = c->device;
   {
-    std::lock_guard<std::mutex> lk(s->mu);  // late submitters finished appending
+    std::lock_guard<std::mutex> nl(c->nodes_mu);  // late submitters finished appending
     gr->nodes = std::move(c->nodes);
     gr->san_accesses = std::move(c->san_accesses);
   }

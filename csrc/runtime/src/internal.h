@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace vnpu::rt {
@@ -161,6 +162,8 @@ struct vnpuEvent_st : std::enable_shared_from_this<vnpuEvent_st> {
   // Set when last recorded in a capturing stream (graph.cpp); such a record
   // queues nothing. Guarded by mu.
   std::weak_ptr<vnpu::rt::Capture> captured_in;
+  // Recorded in a capture: what the recording stream was ordered after then (Note [Cross-stream capture]).
+  std::unordered_map<vnpuStream_st*, size_t> captured_known;
   std::vector<uint64_t> san_clock;  // sanitizer: the recording stream's clock at the latest record (its lock)
 };
 
@@ -361,10 +364,18 @@ struct Capture {
   vnpuStream_st* stream = nullptr;
   vnpuStreamCaptureMode mode = vnpuStreamCaptureModeGlobal;
   std::thread::id thread;          // the thread that began it
-  std::vector<std::pair<std::string, vnpuKernel_t>> nodes;  // guarded by stream->mu
+  std::mutex nodes_mu;             // guards nodes, san_accesses, last_node, known
+  std::vector<std::pair<std::string, vnpuKernel_t>> nodes;
   // Sanitizer: the accesses the recorded tasks declared, declared again by
-  // every replay (Note [Sanitizer and graphs], sanitizer.cpp). Guarded by stream->mu.
+  // every replay (Note [Sanitizer and graphs], sanitizer.cpp).
   std::vector<san::GraphAccess> san_accesses;
+  // Note [Cross-stream capture] (graph.cpp): streams that joined through an
+  // event wait (guarded by the registry's mutex), how many nodes each stream
+  // had recorded at its last task, and how far each stream is known to be
+  // ordered after the others' nodes (through captured events).
+  std::vector<vnpuStream_st*> joined;
+  std::unordered_map<vnpuStream_st*, size_t> last_node;
+  std::unordered_map<vnpuStream_st*, std::unordered_map<vnpuStream_st*, size_t>> known;
   std::atomic<bool> invalidated{false};
   std::atomic<bool> ended{false};
   std::string invalidated_by;      // guarded by the capture registry's mutex (graph.cpp)
@@ -381,6 +392,11 @@ std::shared_ptr<Capture> capture_of(vnpuStream_st* s);
 void invalidate_capture(Capture& c, const std::string& why);
 // `what` refused on capturing stream `s`: invalidates its capture; returns `err` with the message set.
 vnpuError_t refuse_on_capture(Capture& c, vnpuError_t err, const std::string& what);
+// Note [Cross-stream capture] (graph.cpp): `event` is recorded on `s`, which captures into `c`.
+void capture_record_event(const std::shared_ptr<Capture>& c, vnpuStream_st* s, vnpuEvent_st* event);
+// Stream `s` waits on `event`, recorded into the live capture `c`: `s` joins `c` if it is not capturing.
+// vnpuErrorStreamCaptureIsolation if `s` captures into another capture.
+vnpuError_t capture_wait_event(const std::shared_ptr<Capture>& c, vnpuStream_st* s, vnpuEvent_st* event);
 // For vnpuDeviceSynchronize: the error to return if `device` has a capturing stream (invalidated).
 vnpuError_t check_device_not_capturing(int device, const char* what);
 // For "unsafe" calls (vnpuMalloc, vnpuFree, ...): See Note [Stream capture].

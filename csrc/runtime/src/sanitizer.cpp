@@ -448,6 +448,7 @@ vnpuError_t begin_task(vnpuStream_st* s, const char* name, const vnpuMemAccess* 
     }
     std::lock_guard<std::mutex> lk(s->mu);  // lock order: never g_mu inside a stream's mu
     if (s->capture) {
+      std::lock_guard<std::mutex> nl(s->capture->nodes_mu);
       for (size_t i = 0; i < n; ++i) {
         if (acc[i].bytes != 0 && acc[i].ptr != nullptr) s->capture->san_accesses.push_back({acc[i], replay_name});
       }
@@ -466,7 +467,10 @@ vnpuError_t begin_replay(vnpuStream_st* s, const std::vector<GraphAccess>& acc) 
     {
       std::lock_guard<std::mutex> lk(s->mu);
       capturing = s->capture != nullptr;
-      if (capturing) s->capture->san_accesses.insert(s->capture->san_accesses.end(), acc.begin(), acc.end());
+      if (capturing) {
+        std::lock_guard<std::mutex> nl(s->capture->nodes_mu);
+        s->capture->san_accesses.insert(s->capture->san_accesses.end(), acc.begin(), acc.end());
+      }
     }
     if (capturing) return vnpuSuccess;
   }

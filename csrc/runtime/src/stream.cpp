@@ -155,7 +155,9 @@ vnpuStream_st::Submitted vnpuStream_st::submit(const char* name, vnpuKernel_t fn
     std::lock_guard<std::mutex> lk(mu);
     if (capture) {
       if (capture->invalidated) return Dropped;
+      std::lock_guard<std::mutex> g(capture->nodes_mu);
       capture->nodes.emplace_back(name, std::move(fn));
+      capture->last_node[this] = capture->nodes.size();
       return Recorded;
     }
   }

@@ -78,6 +78,7 @@ enum vnpuError_t : int {
   vnpuErrorStreamRace = 18,           // sanitizer: an access not ordered after a conflicting one (nothing queued)
   vnpuErrorUseAfterFree = 19,         // sanitizer: an access to freed device memory (nothing queued)
   vnpuErrorHostAccess = 20,           // sanitizer: host code accessed device memory directly (nothing queued)
+  vnpuErrorStreamCaptureUnjoined = 21,  // a stream that joined a capture was not joined back before its end
 };
 
 enum vnpuMemcpyKind : int {
@@ -318,13 +319,18 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
 //    vnpuDeviceSynchronize of its device, copies into or out of pageable host
 //    memory on it (the host waits, or the source would be read at capture time);
 //  * vnpuEventQuery/Synchronize of an event recorded in the capture
-//    (vnpuErrorCapturedEvent), a wait on an event recorded outside it or in
-//    another stream's capture (vnpuErrorStreamCaptureIsolation: no cross-stream
-//    capture), a wait of another stream on an event recorded in it;
+//    (vnpuErrorCapturedEvent), a wait of a capturing stream on an event recorded
+//    outside its capture or in another capture (vnpuErrorStreamCaptureIsolation);
 //  * "unsafe" calls (vnpuMalloc, vnpuFree, vnpuMallocHost, vnpuFreeHost, the
 //    vnpuMem* VMM calls) from any thread while a capture of mode Global is
 //    underway, or from the capturing thread in mode ThreadLocal, unless the
 //    calling thread's mode is Relaxed (vnpuThreadExchangeStreamCaptureMode).
+// Cross-stream capture (fork/join), as CUDA: a stream that waits on an event
+// recorded in a capture joins it (its work is recorded into the same graph)
+// until the capture ends; the capturing stream must wait on an event recorded
+// on each joined stream after its last task before vnpuStreamEndCapture, else
+// that fails with vnpuErrorStreamCaptureUnjoined and no graph. A replay runs
+// the recorded tasks of all joined streams in recording order.
 // Under VNPU_LAUNCH_BLOCKING=1 a capture still records (nothing runs, nothing
 // is waited for); vnpuGraphLaunch waits for the whole graph.
 // Example:
