@@ -247,7 +247,30 @@ def test_fork_join_capture_replays_like_eager():
                 d.add_(1)
     with torch.vnpu.stream(side):
         e = x + 1
+    torch.vnpu.current_stream().wait_stream(side)
     assert torch.equal(e.cpu(), x.cpu() + 1)
+
+
+def test_random_ops_on_a_joined_stream_draw_new_numbers_per_replay():
+    side = torch.vnpu.Stream()
+    x = torch.zeros(256, device="vnpu")
+    _warmup(lambda: torch.rand_like(x))
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        side.wait_stream(torch.vnpu.current_stream())
+        with torch.vnpu.stream(side):
+            r = torch.rand_like(x)
+        torch.vnpu.current_stream().wait_stream(side)
+        out = r * 2
+    torch.manual_seed(7)
+    g.replay()
+    first = out.cpu()
+    g.replay()
+    second = out.cpu()
+    assert not torch.equal(first, second)  # a new draw per replay, as CUDA graphs
+    torch.manual_seed(7)
+    eager = torch.rand_like(x) * 2  # the same generator state gives eager's numbers
+    assert torch.equal(first, eager.cpu())
 
 
 def test_make_graphed_callables_after_a_capture_of_the_same_module():

@@ -101,6 +101,7 @@ class VNPUGraphImpl final : public GraphImplInterface {
     unsigned long long id = 0;
     VNPU_CHECK(vnpuStreamGetCaptureInfo(raw, &status, &id));
     capture_id->store(id);
+    capture_id_.store(id);
     capture_dev_ = dev;
     capture_stream_ = stream;
     capturing_ = true;
@@ -265,6 +266,9 @@ class VNPUGraphImpl final : public GraphImplInterface {
   DeviceIndex capture_dev_ = -1;
   std::optional<c10::vnpu::VNPUStream> capture_stream_;
   std::vector<RngUse> rng_;
+
+ public:
+  std::atomic<unsigned long long> capture_id_{0};  // the runtime's id of the capture underway
 };
 
 }  // namespace
@@ -275,8 +279,18 @@ bool graph_philox_inputs(VNPUGeneratorImpl* gen, DeviceIndex device, uint64_t in
   vnpuStream_t raw = c10::vnpu::getCurrentVNPUStream(device).stream();
   std::lock_guard<std::mutex> g(g_capturing_mu);
   auto it = g_by_stream.find(raw);
-  if (it == g_by_stream.end()) return false;
-  it->second->philox_inputs(gen, increment, base, offset);
+  VNPUGraphImpl* graph = it != g_by_stream.end() ? it->second : nullptr;
+  if (graph == nullptr) {  // a stream that joined a capture (Note [Cross-stream capture], runtime graph.cpp)
+    vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (vnpuStreamGetCaptureInfo(raw, &status, &id) != vnpuSuccess || status == vnpuStreamCaptureStatusNone)
+      return false;
+    for (const auto& [stream, g] : g_by_stream) {
+      if (g->capture_id_.load() == id) graph = g;
+    }
+    if (graph == nullptr) return false;
+  }
+  graph->philox_inputs(gen, increment, base, offset);
   return true;
 }
 
