@@ -368,6 +368,29 @@ def graph_replay_race(fix: bool):
     return torch.cat([first, static_y.cpu()]), torch.cat([v * 2, (v + 1) * 2])
 
 
+def graph_pinned_staging_rewritten(fix: bool):
+    """A captured non_blocking upload from a pinned staging buffer: each replay reads the buffer when it runs, so
+    refilling it for the next batch while the previous replay is still queued feeds that replay the wrong batch.
+    Fix: wait for the replay (synchronize, or an event) before refilling the buffer."""
+    staging = torch.empty(N, pin_memory=True)
+    static_x = torch.empty(N, device="vnpu")
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        static_x.copy_(staging, non_blocking=True)
+        static_y = static_x * 2
+    got, expected = [], []
+    for _ in range(3):
+        v = values()
+        staging.copy_(v)  # without the fix: the previous replay may not have read the buffer yet
+        torch.vnpu._sleep(BUSY_NS // 5)
+        g.replay()
+        got.append(static_y.clone())
+        expected.append(v * 2)
+        if fix:
+            torch.vnpu.current_stream().synchronize()
+    return torch.cat(got).cpu(), torch.cat(expected)
+
+
 CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record_stream_no_reuse,
                                  free_race_reader_result, record_stream_on_the_wrong_stream,
                                  strided_slices_from_two_streams,
@@ -377,7 +400,7 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  copy_reads_side_stream_output, poll_pinned_destination,
                                  nonblocking_copy_other_stream_synced, pinned_round_trip,
                                  pinned_upload_then_download_same_buffer,
-                                 graph_replay_race)}
+                                 graph_replay_race, graph_pinned_staging_rewritten)}
 
 
 def main() -> None:

@@ -160,6 +160,17 @@ def test_pinned_rewrite_found_by_item_raises_there():
     assert sanitized("pinned_staging_rewritten_then_item", fix=True) == {"ok": 0.0}
 
 
+def test_pinned_staging_buffer_rewritten_while_a_graph_replay_reads_it():
+    """Note [Pinned uploads] per replay: a captured pinned upload is snapshotted at each replay (before: only at
+    the capture, so refilling the buffer under a queued replay was not reported)."""
+    assert wrong_without_sanitizer("graph_pinned_staging_rewritten")
+    r = sanitized("graph_pinned_staging_rewritten", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    assert "host code rewrote the pinned host memory" in r["message"]
+    assert "'memcpy HtoD (in a graph replay)'" in r["message"]
+    assert sanitized("graph_pinned_staging_rewritten", fix=True) == {"ok": 0.0}
+
+
 def test_report_pending_at_exit_is_printed_and_fails_the_process():
     """A free without record_stream as the last vnpu work: reported at exit, exit status 1 (before: lost)."""
     def run(fix):

@@ -123,12 +123,17 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
         std::memmove(dst, src, count);
       }, nullptr, info));
     }
-    if (kind == vnpuMemcpyHostToDevice && san::on() && !launch_blocking() && !capture_of(s)) {
-      auto ran = san::note_upload(s, src, count);  // Note [Pinned uploads]
-      return finish_submission(s, s->submit(name, [dst, src, count, ran] {
-        std::memmove(dst, src, count);
-        ran->store(true);
-      }, nullptr, info));
+    if (kind == vnpuMemcpyHostToDevice && san::on() && !launch_blocking()) {
+      if (auto c = capture_of(s)) {  // checked per replay (vnpuGraphLaunch)
+        std::lock_guard<std::mutex> nl(c->nodes_mu);
+        c->san_uploads.emplace_back(src, count);
+      } else {
+        auto ran = san::note_upload(s, src, count);  // Note [Pinned uploads]
+        return finish_submission(s, s->submit(name, [dst, src, count, ran] {
+          std::memmove(dst, src, count);
+          ran->store(true);
+        }, nullptr, info));
+      }
     }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
                                           info));

@@ -41,6 +41,7 @@ struct vnpuGraph_st {
   int device = 0;
   std::vector<std::pair<std::string, vnpuKernel_t>> nodes;
   std::vector<vnpu::rt::san::GraphAccess> san_accesses;  // Note [Sanitizer and graphs] (sanitizer.cpp)
+  std::vector<std::pair<const void*, size_t>> san_uploads;  // pinned sources of captured uploads
 };
 
 struct vnpuGraphExec_st {
@@ -48,6 +49,7 @@ struct vnpuGraphExec_st {
   // Shared with queued launches, so the exec may be destroyed while they wait.
   std::shared_ptr<const std::vector<std::pair<std::string, vnpuKernel_t>>> nodes;
   std::vector<vnpu::rt::san::GraphAccess> san_accesses;
+  std::vector<std::pair<const void*, size_t>> san_uploads;
 };
 
 namespace vnpu::rt {
@@ -274,6 +276,7 @@ vnpuError_t vnpuStreamEndCapture(vnpuStream_t stream, vnpuGraph_t* graph) {
     std::lock_guard<std::mutex> nl(c->nodes_mu);  // late submitters finished appending
     gr->nodes = std::move(c->nodes);
     gr->san_accesses = std::move(c->san_accesses);
+    gr->san_uploads = std::move(c->san_uploads);
   }
   *graph = gr;
   return vnpuSuccess;
@@ -336,6 +339,7 @@ vnpuError_t vnpuGraphInstantiate(vnpuGraphExec_t* exec, vnpuGraph_t graph, unsig
   x->device = graph->device;
   x->nodes = std::make_shared<const std::vector<std::pair<std::string, vnpuKernel_t>>>(graph->nodes);
   x->san_accesses = graph->san_accesses;
+  x->san_uploads = graph->san_uploads;
   *exec = x;
   return vnpuSuccess;
 }
@@ -356,11 +360,26 @@ vnpuError_t vnpuGraphLaunch(vnpuGraphExec_t exec, vnpuStream_t stream) {
                            " and cannot run on a stream of vnpu:" + std::to_string(s->device));
     return vnpuErrorInvalidValue;
   }
+  std::vector<std::shared_ptr<std::atomic<bool>>> ran;  // the replay's pinned uploads (Note [Pinned uploads])
   if (san::on()) {  // Note [Sanitizer and graphs] (sanitizer.cpp)
     if (vnpuError_t e = san::report_host_access(s, "vnpuGraphLaunch"); e != vnpuSuccess) return e;
     if (vnpuError_t e = san::begin_replay(s, exec->san_accesses); e != vnpuSuccess) return e;
+    // Each replay reads the pinned sources anew: snapshotted at its position, as a queued upload is.
+    if (auto c = capture_of(s)) {  // a graph launched inside a capture: the outer graph's replays check them
+      std::lock_guard<std::mutex> nl(c->nodes_mu);
+      c->san_uploads.insert(c->san_uploads.end(), exec->san_uploads.begin(), exec->san_uploads.end());
+    } else if (!launch_blocking()) {
+      for (const auto& [src, bytes] : exec->san_uploads)
+        ran.push_back(san::note_upload(s, src, bytes, "memcpy HtoD (in a graph replay)"));
+    }
   }
-  auto submitted = s->submit("vnpuGraphLaunch", [nodes = exec->nodes] {
+  auto submitted = s->submit("vnpuGraphLaunch", [nodes = exec->nodes, ran = std::move(ran)] {
+    struct MarkRan {  // also when a node fails
+      const std::vector<std::shared_ptr<std::atomic<bool>>>& flags;
+      ~MarkRan() {
+        for (const auto& f : flags) f->store(true);
+      }
+    } mark{ran};
     for (size_t i = 0; i < nodes->size(); ++i) {
       try {
         (*nodes)[i].second();

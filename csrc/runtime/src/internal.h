@@ -297,7 +297,9 @@ vnpuError_t take_deferred(vnpuStream_st* s, const char* name);  // vnpuErrorStre
 // A non_blocking copy from pinned memory at `src` was just queued on s (after its begin_task).
 // A pinned upload / download queued on s (Note [Pinned uploads], Note [Pinned buffers both ways]). The upload's
 // task sets the returned flag once it ran; note_download says whether the destination may be poisoned now.
-std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes);
+// `name`: the task that reads the source, for the report (a string that outlives the process's reports).
+std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes,
+                                               const char* name = "memcpy HtoD");
 bool note_download(vnpuStream_st* s, void* dst, size_t bytes);
 }  // namespace san
 // Calls f(start, bytes) for every vnpuMemMap mapping (vmm.cpp), under its lock.
@@ -369,6 +371,9 @@ struct Capture {
   // Sanitizer: the accesses the recorded tasks declared, declared again by
   // every replay (Note [Sanitizer and graphs], sanitizer.cpp).
   std::vector<san::GraphAccess> san_accesses;
+  // Sanitizer: the pinned sources of the captured uploads, snapshotted again by every replay (Note [Pinned
+  // uploads], sanitizer.cpp).
+  std::vector<std::pair<const void*, size_t>> san_uploads;
   // Note [Cross-stream capture] (graph.cpp): streams that joined through an
   // event wait (guarded by the registry's mutex), how many nodes each stream
   // had recorded at its last task, and how far each stream is known to be

@@ -277,6 +277,7 @@ void note_free_race(const void* ptr, size_t bytes, vnpuStream_st* s, const Epoch
 struct Upload {
   const char* src = nullptr;
   size_t bytes = 0;
+  const char* name = "memcpy HtoD";  // the task that reads it (a replay names its graph's copy)
   std::unique_ptr<char[]> snapshot;
   uint32_t slot = 0;
   uint64_t pos = 0;
@@ -328,7 +329,7 @@ void check_uploads() {
       r.host_offset = off;
       r.other_stream = g_streams[u.slot];
       r.other_position = u.pos;
-      r.other_name = "memcpy HtoD";
+      r.other_name = u.name;
       r.write = 1;
       set_deferred(std::move(r));
     }
@@ -502,7 +503,7 @@ void host_waited_event(vnpuEvent_st* e) {
   check_uploads();
 }
 
-std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes) {
+std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes, const char* name) {
   std::lock_guard<std::mutex> g(g_mu);
   auto ran = std::make_shared<std::atomic<bool>>(false);
   g_inflight.erase(std::remove_if(g_inflight.begin(), g_inflight.end(), [](const Inflight& i) { return i.ran->load(); }),
@@ -515,6 +516,7 @@ std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src
   Upload u;
   u.src = static_cast<const char*>(src);
   u.bytes = bytes;
+  u.name = name;
   u.snapshot.reset(new char[bytes]);
   std::memcpy(u.snapshot.get(), src, bytes);
   u.slot = slot_of(s);
