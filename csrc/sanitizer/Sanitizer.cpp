@@ -305,8 +305,9 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
   m << "vNPU sanitizer: stream race: '" << name << "' on " << here << (r.write ? " writes " : " reads ") << tensor
     << " (" << r.bytes << " bytes at " << r.ptr << "), which '" << r.other_name << "' on " << there << " (its task #"
     << r.other_position << ") " << (r.other_write ? "writes" : "reads")
-    << ", and nothing orders the two (no event, wait_stream or synchronize between them). This is reported by "
-       "ordering, not timing: on a real accelerator the result depends on which stream runs first.";
+    << ", and nothing orders the two (no wait_stream, synchronize, or event recorded on " << there
+    << " after that task and waited for before this op: an event recorded earlier does not cover it). This is "
+       "reported by ordering, not timing: on a real accelerator the result depends on which stream runs first.";
   if (r.freed_since) {
     m << "\nThe memory was freed since that access and handed out again: the tensor that " << there
       << " used was dropped while that stream could still be using it.";
