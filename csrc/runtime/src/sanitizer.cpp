@@ -135,8 +135,11 @@ void join(Clock& a, const Clock& b) {
   for (size_t i = 0; i < b.size(); ++i) a[i] = std::max(a[i], b[i]);
 }
 
+// Whether clock `c` has seen task `pos` of stream slot `slot`.
+bool covers(const Clock& c, uint32_t slot, uint64_t pos) { return slot < c.size() && c[slot] >= pos; }
+
 bool ordered(const Clock& c, uint32_t slot, const Epoch& e) {
-  return e.pos == 0 || e.slot == slot || (e.slot < c.size() && c[e.slot] >= e.pos);
+  return e.pos == 0 || e.slot == slot || covers(c, e.slot, e.pos);
 }
 
 const char* intern(const char* name) {
@@ -317,7 +320,7 @@ void check_uploads() {
   if (g_uploads.empty() && g_downloads.empty()) return;
   const Clock& host = g_clocks[0];
   auto done = [&](Upload& u) {
-    if (u.slot >= host.size() || host[u.slot] < u.pos) return false;
+    if (!covers(host, u.slot, u.pos)) return false;
     if (std::memcmp(u.src, u.snapshot.get(), u.bytes) != 0 && !g_deferred_pending.load(std::memory_order_relaxed)) {
       size_t off = 0;
       while (off < u.bytes && u.src[off] == u.snapshot[off]) ++off;
@@ -338,7 +341,7 @@ void check_uploads() {
   };
   g_uploads.erase(std::remove_if(g_uploads.begin(), g_uploads.end(), done), g_uploads.end());
   g_downloads.erase(std::remove_if(g_downloads.begin(), g_downloads.end(),
-                                   [&](const Download& d) { return d.slot < host.size() && host[d.slot] >= d.pos; }),
+                                   [&](const Download& d) { return covers(host, d.slot, d.pos); }),
                     g_downloads.end());
 }
 }  // namespace
@@ -535,7 +538,7 @@ bool note_download(vnpuStream_st* s, void* dst, size_t bytes) {
   g_uploads.erase(std::remove_if(g_uploads.begin(), g_uploads.end(),
                                  [&](const Upload& u) {
                                    const bool drop = overlaps(u.src, u.bytes, d, bytes) &&
-                                                     (u.slot == k || (u.slot < c.size() && c[u.slot] >= u.pos));
+                                                     (u.slot == k || covers(c, u.slot, u.pos));
                                    if (drop) g_upload_bytes -= u.bytes;
                                    return drop;
                                  }),
