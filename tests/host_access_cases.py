@@ -78,6 +78,19 @@ def bug_cpu_tensor_over_device_memory() -> dict:
             "x_unchanged": torch.equal(x.cpu(), torch.ones(n))}
 
 
+def bug_read_freed() -> dict:
+    """A host view kept past its tensor: read after the tensor is freed, reported at the next vnpu call, which
+    allocates the same memory to a new tensor first."""
+    x = torch.arange(N, dtype=torch.float32, device="vnpu")
+    torch.vnpu.synchronize()
+    view, ptr = host_view(x), x.data_ptr()
+    del x
+    float(view[0])  # the read, of freed memory
+    error, message = _error_of(lambda: torch.full((N,), 7.0, device="vnpu"))  # reuses the block, then launches
+    y = torch.full((N,), 7.0, device="vnpu")
+    return {"error": error, "message": message, "ptr": ptr, "reused": y.data_ptr() == ptr}
+
+
 def fixed_read() -> dict:
     x = torch.arange(N, dtype=torch.float32, device="vnpu") * 2
     seen = x.cpu().numpy()  # the fix: copy to the host first
@@ -92,6 +105,7 @@ def violations() -> dict:
     out["read_again"] = bug_read()  # reported again: the report gave the memory its protection back
     out["write"] = bug_write()
     out["cpu_tensor"] = bug_cpu_tensor_over_device_memory()
+    out["read_freed"] = bug_read_freed()
     out["fixed"] = fixed_read()
     return out
 

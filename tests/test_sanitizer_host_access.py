@@ -83,6 +83,16 @@ def test_cpu_tensor_over_device_memory(violations):
     assert r["total"] == float(1 << 20) and r["x_unchanged"], r
 
 
+def test_host_read_of_freed_memory_does_not_name_the_next_tensor(violations):
+    # Found by the third break test: the report named the tensor the memory was handed to after the access.
+    r = violations["read_freed"]
+    assert r["error"] == "HostAccessError", r
+    msg = r["message"]
+    assert f"host code read vnpu:0 memory directly at {hex(r['ptr'])}" in msg, msg
+    assert "no live tensor owned at the access" in msg and "use after free" in msg, msg
+    assert "inside the tensor memory" not in msg and "The tensor was allocated" not in msg, msg
+
+
 def test_copy_to_host_first_is_clean(violations):
     r = violations["fixed"]
     assert r["error"] is None and r["read_right_bytes"], r

@@ -169,7 +169,11 @@ std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
   void* base = nullptr;
   size_t size = 0;
   std::string site;
-  if (c10::vnpu::allocator::blockContaining(static_cast<c10::DeviceIndex>(dev), r.ptr, &base, &size)) {
+  if (r.freed_since) {
+    // The memory was allocated again between the access and this report: the tensor there now is not the one.
+    m << ", in device memory that no live tensor owned at the access (a freed tensor's: a use after free through "
+         "a kept data_ptr()); the caching allocator has since handed it to a tensor allocated after the access";
+  } else if (c10::vnpu::allocator::blockContaining(static_cast<c10::DeviceIndex>(dev), r.ptr, &base, &size)) {
     m << ", inside the tensor memory of " << size << " bytes at " << base << " (byte offset "
       << (static_cast<const char*>(r.ptr) - static_cast<const char*>(base)) << ")";
     site = allocation_site(dev, base);

@@ -110,6 +110,7 @@ thread_local int t_depth = 0;    // DeviceAccessBegin nesting; a worker holds 1 
 std::atomic<int> g_state{0};
 uintptr_t g_addr = 0;
 int g_write = 0;
+uint64_t g_epoch = 0;  // allocations made before the access (g_alloc_epoch)
 uint64_t g_tid = 0;
 char g_tname[16] = {};
 std::atomic<uint64_t> g_pages{0};  // pages re-tagged since the last report
@@ -206,6 +207,7 @@ void record(uintptr_t a, void* uctx) {
   if (g_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
     g_addr = a;
     g_write = write_fault(uctx);
+    g_epoch = g_alloc_epoch.load(std::memory_order_relaxed);
     g_tid = static_cast<uint64_t>(syscall(SYS_gettid));
     std::memset(g_tname, 0, sizeof(g_tname));
     prctl(PR_GET_NAME, g_tname, 0, 0, 0);
@@ -356,6 +358,7 @@ vnpuError_t report_host_access(vnpuStream_st* s, const char* name) {
   std::memcpy(r.host_thread_name, g_tname, sizeof(r.host_thread_name));
   r.host_thread_name[sizeof(r.host_thread_name) - 1] = '\0';
   r.host_pages = g_pages.exchange(0);
+  r.freed_since = allocated_since(g_addr, g_epoch) ? 1 : 0;
   // Reset before re-tagging: an access from now on is the next report's.
   g_state.store(0, std::memory_order_release);
   protect_all();

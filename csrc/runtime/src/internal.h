@@ -297,6 +297,11 @@ vnpuError_t take_deferred(vnpuStream_st* s, const char* name);  // vnpuErrorStre
 // A non_blocking copy from pinned memory at `src` was just queued on s (after its begin_task).
 // A pinned upload / download queued on s (Note [Pinned uploads], Note [Pinned buffers both ways]). The upload's
 // task sets the returned flag once it ran; note_download says whether the destination may be poisoned now.
+// Device allocations seen by the sanitizer so far (vnpuSanitizerAlloc); read by check 4's fault handler.
+extern std::atomic<uint64_t> g_alloc_epoch;
+// Whether the memory at `addr` was allocated again after `epoch` allocations (check 4's report: the tensor
+// there now is not the one host code touched).
+bool allocated_since(uintptr_t addr, uint64_t epoch);
 // `name`: the task that reads the source, for the report (a string that outlives the process's reports).
 std::shared_ptr<std::atomic<bool>> note_upload(vnpuStream_st* s, const void* src, size_t bytes,
                                                const char* name = "memcpy HtoD");

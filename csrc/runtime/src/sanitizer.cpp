@@ -109,6 +109,7 @@ struct Range {
   std::vector<Epoch> readers;
   bool freed = false;
   vnpuStream_st* freed_on = nullptr;
+  uint64_t allocated_at = 0;  // g_alloc_epoch after its last allocation
 };
 
 std::mutex g_mu;  // guards everything below (and vnpuStream_st::san_slot, vnpuEvent_st::san_clock)
@@ -236,6 +237,17 @@ void set_report(vnpuSanitizerReport report) { t_report = std::move(report); }
 // poison fill then waits for the racing streams' work queued so far, so the
 // late reader sees the tensor's values, not NaN produced by the sanitizer.
 std::atomic<bool> g_deferred_pending{false};
+std::atomic<uint64_t> g_alloc_epoch{0};
+
+bool allocated_since(uintptr_t addr, uint64_t epoch) {
+  std::lock_guard<std::mutex> g(g_mu);
+  bool since = false;
+  visit(addr, addr + 1, [&](uintptr_t, Range& r) {
+    since = since || r.allocated_at > epoch;
+    return true;
+  });
+  return since;
+}
 namespace {
 vnpuSanitizerReport g_deferred;  // guarded by g_mu: the first race found outside a launching call
 
@@ -753,8 +765,10 @@ vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + bytes;
   san::split_at(lo);
   san::split_at(hi);
-  san::visit(lo, hi, [](uintptr_t, san::Range& r) {
+  const uint64_t epoch = san::g_alloc_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
+  san::visit(lo, hi, [epoch](uintptr_t, san::Range& r) {
     r.freed = false;
+    r.allocated_at = epoch;
     return true;
   });
   return vnpuSuccess;

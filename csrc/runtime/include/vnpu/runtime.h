@@ -460,6 +460,7 @@ struct vnpuSanitizerReport {
   std::string other_name;
   int other_write = 0;
   int freed_since = 0;              // the range was freed (and handed out again) after the earlier access
+                                    // (HostAccess: allocated again after the host access)
   vnpuStream_t freed_on = nullptr;  // UseAfterFree: the stream whose free poisoned it
   // A race found outside a launching call, reported by a later call
   // (`stream`/`name`): 1 = at a free (vnpuSanitizerFree): `ptr`/`bytes` the
