@@ -391,6 +391,39 @@ def graph_pinned_staging_rewritten(fix: bool):
     return torch.cat(got).cpu(), torch.cat(expected)
 
 
+def caught_race_then_free_race_at_exit(fix: bool):
+    """A race the program catches and handles, then an independent free without record_stream as the last vnpu
+    work (found by the fourth break test: the caught error made the exit report skip the second). Fix: record it."""
+    main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
+    x = torch.arange(N, dtype=torch.float32, device="vnpu")
+    torch.vnpu._sleep(BUSY_NS // 5)
+    y = x * 2
+    with torch.vnpu.stream(side):
+        try:
+            z = y + 1  # the first bug, caught
+        except torch.vnpu.sanitizer.StreamRaceError:
+            pass
+    torch.vnpu.synchronize()
+    out, expected = _read_on_side_then_drop(fix)
+    return out.cpu() if fix else torch.zeros(0), expected if fix else torch.zeros(0)
+
+
+def allocated_on_one_stream_written_on_another(fix: bool):
+    """A block freed on the default stream (legally) and handed to a new tensor there, written by a side stream
+    that did not wait for the default stream's queued work on the same memory. Fix: wait_stream."""
+    main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
+    torch.vnpu._sleep(BUSY_NS)
+    a = torch.full((N,), 5.0, device="vnpu")  # queued behind the sleep
+    del a
+    b = torch.empty(N, device="vnpu")  # the same block, stream-ordered on the default stream
+    if fix:
+        side.wait_stream(main)
+    with torch.vnpu.stream(side):
+        b.fill_(1.0)
+    main.wait_stream(side)
+    return b.cpu(), torch.ones(N)
+
+
 CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record_stream_no_reuse,
                                  free_race_reader_result, record_stream_on_the_wrong_stream,
                                  strided_slices_from_two_streams,
@@ -400,7 +433,8 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  copy_reads_side_stream_output, poll_pinned_destination,
                                  nonblocking_copy_other_stream_synced, pinned_round_trip,
                                  pinned_upload_then_download_same_buffer,
-                                 graph_replay_race, graph_pinned_staging_rewritten)}
+                                 graph_replay_race, graph_pinned_staging_rewritten,
+                                 caught_race_then_free_race_at_exit, allocated_on_one_stream_written_on_another)}
 
 
 def main() -> None:

@@ -192,6 +192,35 @@ def test_report_pending_at_exit_is_printed_and_fails_the_process():
     assert "last vnpu call" not in good.stderr
 
 
+def test_a_caught_error_does_not_hide_a_later_one_at_exit():
+    """Found by the fourth break test: once any sanitizer error had been raised, a later free race left pending at
+    exit was not reported, even though the program had caught the first and gone on."""
+    def run(fix):
+        return subprocess.run(
+            [sys.executable, os.path.join(_HERE, "sanitizer_cases.py"), "caught_race_then_free_race_at_exit", fix],
+            cwd=_HERE, env=dict(os.environ, VNPU_SANITIZE="1"), capture_output=True, text=True, timeout=120,
+        )
+
+    bad = run("0")
+    assert bad.returncode == 1, (bad.returncode, bad.stderr[-3000:])
+    assert "found after the program's last vnpu call" in bad.stderr and "stream race at a free" in bad.stderr
+    good = run("1")
+    assert good.returncode == 0 and "last vnpu call" not in good.stderr, good.stderr[-3000:]
+
+
+def test_tensor_allocated_on_one_stream_written_on_another_names_wait_stream():
+    """Found by the fourth break test: the fix said record_stream (for a tensor no other stream had used);
+    the bug is the side stream not waiting for the stream the new tensor was allocated on."""
+    assert wrong_without_sanitizer("allocated_on_one_stream_written_on_another")
+    r = sanitized("allocated_on_one_stream_written_on_another", fix=False)
+    assert r.get("error") == "StreamRaceError", r
+    msg = r["message"]
+    assert "handed out again on the default stream of vnpu:0" in msg, msg
+    assert "wait_stream(s) with s = the default stream of vnpu:0" in msg, msg
+    assert "record_stream" not in msg.split("Fix:")[1], msg
+    assert sanitized("allocated_on_one_stream_written_on_another", fix=True) == {"ok": 0.0}
+
+
 def test_stream_race_missing_wait_stream():
     assert wrong_without_sanitizer("missing_wait_stream")
     r = sanitized("missing_wait_stream", fix=False)

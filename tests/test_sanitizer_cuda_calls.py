@@ -158,11 +158,17 @@ def test_autocast_state_read_for_cuda_is_reported_and_class_names_as_written(tmp
         with torch.autocast("cuda"):                                                     # line 7
             pass
         torch.cuda.amp.GradScaler()                                                      # line 9
+        with torch.autocast("vnpu", dtype=torch.bfloat16):
+            print(torch.is_autocast_enabled())                                           # line 11
+            print(torch.get_autocast_gpu_dtype())                                        # line 12
     """))
     proc = _run(["state.py"], tmp_path)
-    assert proc.stdout.split() == ["False", "torch.float16", "False", "torch.bfloat16", "True"]
+    assert proc.stdout.split() == ["False", "torch.float16", "False", "torch.bfloat16", "True", "False",
+                                   "torch.float16"]
     reports = [(n, m) for _, n, m in _reports(proc.stderr)]
-    assert [n for n, _ in reports] == [5, 7, 9], reports
+    # Lines 11-12: the pre-2.4 spellings of CUDA's autocast state (found by the fourth break test).
+    assert [n for n, _ in reports] == [5, 7, 9, 11, 12], reports
+    assert "torch.is_autocast_enabled() --" in reports[3][1] and "torch.get_autocast_gpu_dtype() --" in reports[4][1]
     assert 'torch.get_autocast_dtype("cuda")' in reports[0][1]
     assert 'torch.get_autocast_dtype(device.type)' in reports[0][1]
     assert reports[1][1].startswith('hard-coded CUDA in a program running on vnpu: torch.autocast("cuda") --')

@@ -132,7 +132,6 @@ PYBIND11_MODULE(_C, m) {
   // Raises what the runtime kept for the next call (HostAccessError if host code touched device memory since
   // the last report, a free's StreamRaceError...); at_exit: the interpreter-exit check.
   m.def("_sanitizer_check_host_access", &at::vnpu::sanitizer::check_pending, py::arg("at_exit") = false);
-  m.def("_sanitizer_errors_raised", &at::vnpu::sanitizer::errors_raised);
   m.def("_configuration_warnings", [] { return std::string(vnpuGetConfigurationWarningString()); });
   m.def("_check_device_index", &c10::vnpu::check_device_index);
   m.def("_current_device", &c10::vnpu::current_device);

@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <sstream>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -312,7 +314,14 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
     << ", and nothing orders the two (no wait_stream, synchronize, or event recorded on " << there
     << " after that task and waited for before this op: an event recorded earlier does not cover it). This is "
        "reported by ordering, not timing: on a real accelerator the result depends on which stream runs first.";
-  if (r.freed_since) {
+  // Freed by the stream that made the earlier access: a legal free, the block handed out again on that same
+  // stream (per-stream pools); the tensor this op uses belongs to that stream, which it did not wait for.
+  const bool reused_on_other = r.freed_since && r.freed_on != nullptr && r.freed_on == r.other_stream;
+  if (reused_on_other) {
+    m << "\nThe memory was freed since that access (on " << there << ", in its order) and handed out again on "
+      << there << ": the tensor this op uses was allocated there, after work of " << there
+      << " on the same memory that may still be running.";
+  } else if (r.freed_since) {
     m << "\nThe memory was freed since that access and handed out again: the tensor that " << there
       << " used was dropped while that stream could still be using it.";
   }
@@ -329,7 +338,13 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
     if (!site.empty()) m << "\nThe tensor was allocated" << site << "\n";
   }
   m << "\nFix: ";
-  if (r.freed_since) {
+  if (reused_on_other && r.stream != nullptr) {
+    int dev = 0;
+    vnpuStreamGetDevice(r.stream, &dev);
+    m << "a tensor allocated on one stream and used on another needs that other stream to wait first: "
+      << "torch.vnpu.current_stream(" << dev << ").wait_stream(s) with s = " << there << " before this op (or an "
+      << "event recorded on s and waited for), as on CUDA.";
+  } else if (r.freed_since) {
     m << "call t.record_stream(s) for the side stream s before dropping the tensor t (the caching allocator then "
          "waits for s before reusing the memory), or keep t alive until s's work is done (s.synchronize(), or an "
          "event recorded on s that the allocating stream waits for).";
@@ -446,15 +461,32 @@ void host_access(const char* name, const Accesses& accesses) {
 }
 
 namespace {
-std::atomic<uint64_t> g_raised{0};  // sanitizer errors raised in this process
+// The memory of the errors raised so far (bounded): at exit, a pending report on the same memory is the
+// consequence of one of them (the racing tensor freed unordered when the program stopped), not a new bug.
+std::mutex g_raised_mu;
+std::vector<std::pair<uintptr_t, uintptr_t>> g_raised;
+constexpr size_t kMaxRaised = 256;
+
+bool overlaps_raised(const void* ptr, size_t bytes) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + bytes;
+  std::lock_guard<std::mutex> g(g_raised_mu);
+  for (const auto& [a, b] : g_raised) {
+    if (a < hi && lo < b) return true;
+  }
+  return false;
+}
 }  // namespace
 
-uint64_t errors_raised() { return g_raised.load(std::memory_order_relaxed); }
-
 void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
-  g_raised.fetch_add(1, std::memory_order_relaxed);
   vnpuSanitizerReport r;
   vnpuSanitizerGetLastReport(&r);
+  if (r.ptr != nullptr && r.bytes > 0) {
+    std::lock_guard<std::mutex> g(g_raised_mu);
+    if (g_raised.size() < kMaxRaised) {
+      const uintptr_t lo = reinterpret_cast<uintptr_t>(r.ptr);
+      g_raised.emplace_back(lo, lo + r.bytes);
+    }
+  }
   std::string msg = describe(err, op, accesses, r);
   if (err == vnpuErrorUseAfterFree) throw UseAfterFreeError(std::move(msg));
   if (err == vnpuErrorHostAccess) throw HostAccessError(std::move(msg));
@@ -463,8 +495,14 @@ void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
 
 void check_pending(bool at_exit) {
   const vnpuError_t e = vnpuSanitizerCheckHostAccess();
-  if (e == vnpuErrorHostAccess || e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree)
+  if (e == vnpuErrorHostAccess || e == vnpuErrorStreamRace || e == vnpuErrorUseAfterFree) {
+    if (at_exit) {
+      vnpuSanitizerReport r;
+      vnpuSanitizerGetLastReport(&r);
+      if (overlaps_raised(r.ptr, r.bytes)) return;  // the consequence of an error already raised
+    }
     raise(e, at_exit ? kAtExit : nullptr, nullptr);
+  }
   VNPU_CHECK(e);
 }
 

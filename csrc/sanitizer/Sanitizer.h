@@ -73,9 +73,6 @@ void host_access(const char* name, const Accesses& accesses);
 // and the fix.
 [[noreturn]] void raise(vnpuError_t err, const char* op, const Accesses* accesses);
 
-// How many sanitizer errors this process raised so far (the at-exit report is skipped after one).
-uint64_t errors_raised();
-
 // Raises what the runtime kept for the next call (a host access, a free's race, a rewritten pinned upload);
 // `at_exit`: the check made at interpreter exit, after the program's last vnpu call.
 void check_pending(bool at_exit);

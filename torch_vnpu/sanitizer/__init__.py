@@ -103,9 +103,13 @@ def _report_pending_at_exit() -> None:
     without ``record_stream``) is lost when the program makes no vnpu call after it. This asks the runtime
     for it without waiting for the streams (a stream still waiting for a peer must not hang the exit); if
     there is one, it prints the report to stderr and ends the process with exit status 1, as
-    AddressSanitizer does with what it finds at exit. Skipped once the process raised a sanitizer error
-    (what follows a caught error, such as the racing tensor's own free, is mostly its consequence)."""
-    if not torch.vnpu.is_initialized() or _C._sanitizer_errors_raised() > 0:
+    AddressSanitizer does with what it finds at exit. Skipped when the program ends with an uncaught sanitizer
+    error (what follows it, such as the racing tensor's own free, is its consequence, and the process already
+    failed); a sanitizer error the program caught and handled does not hide a later, independent one."""
+    if not torch.vnpu.is_initialized():
+        return
+    uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # set for an unhandled error
+    if isinstance(uncaught, (StreamRaceError, UseAfterFreeError, HostAccessError)):
         return
     try:
         _C._sanitizer_check_host_access(at_exit=True)

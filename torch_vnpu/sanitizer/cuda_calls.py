@@ -247,9 +247,15 @@ def install() -> None:
           'torch.autocast(device.type, dtype=...) (a CUDA autocast disables itself without CUDA)',
           lambda self, device_type, *a, **k: _is_cuda(device_type))
     # Autocast state read for CUDA inside a vnpu autocast region: CUDA's (off, float16), not the region's.
-    for name in ("get_autocast_dtype", "is_autocast_enabled"):
-        _wrap(torch, name, f'torch.{name}("cuda")', f"torch.{name}(device.type)",
-              lambda device_type=None, *a, **k: _is_cuda(device_type), walk=False)
+    # torch.is_autocast_enabled() without a device and the *_gpu_* functions are the pre-2.4 spellings of CUDA's.
+    _wrap(torch, "get_autocast_dtype", 'torch.get_autocast_dtype("cuda")', "torch.get_autocast_dtype(device.type)",
+          lambda device_type=None, *a, **k: _is_cuda(device_type), walk=False)
+    _wrap(torch, "is_autocast_enabled", lambda *a, **k: "torch.is_autocast_enabled(" + ('"cuda"' if a or k else "") + ")",
+          "torch.is_autocast_enabled(device.type)",
+          lambda device_type=None, *a, **k: device_type is None or _is_cuda(device_type), walk=False)
+    for name in ("get_autocast_gpu_dtype", "set_autocast_gpu_dtype"):
+        if callable(getattr(torch, name, None)):
+            _wrap(torch, name, f"torch.{name}()", f"torch.{name.replace('_gpu', '')}(device.type, ...)", walk=False)
     _wrap(torch.Tensor, "cuda", "Tensor.cuda()", "x.to(device) with device = torch.accelerator.current_accelerator()")
     _wrap(torch.nn.Module, "cuda", "Module.cuda()", "module.to(device) with device = torch.accelerator.current_accelerator()")
     _wrap_is_cuda()

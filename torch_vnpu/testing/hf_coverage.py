@@ -470,7 +470,16 @@ def compare_grads(gc, gv, compiled=False, notes=None):
     return bad
 
 
-def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes, ref_grads=None):
+def _compiled_cpu_copy(model, cache):
+    """A copy of the CPU model with ``model.compile()`` applied, made once per architecture (``cache``): the
+    forward/backward and the dynamic-cache generate checks share it (Dynamo compiles each module object anew)."""
+    if "model" not in cache:
+        cache["model"] = copy.deepcopy(model)
+        cache["model"].compile()
+    return cache["model"]
+
+
+def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes, ref_grads=None, cache=None):
     """``--compile``, after a mismatch against eager CPU: Inductor's fused kernels reorder float sums, which can
     exceed the tolerances where values cancel (e.g. blt's 7e-6 cross-attention gradients). The same model
     compiled on CPU is then the oracle for vnpu's compile path: vnpu passes if it matches compiled CPU within
@@ -479,8 +488,7 @@ def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes, ref_grad
     745). Otherwise the mismatch stands, with the comparison to compiled CPU added."""
     import torch
 
-    model_c = copy.deepcopy(model)
-    model_c.compile()
+    model_c = _compiled_cpu_copy(model, {} if cache is None else cache)
     logits_c, grads_c = _forward_backward(model_c, ids, w)
     again = []
     try:
@@ -502,19 +510,17 @@ def _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, notes, ref_grad
     return bad + ["against compiled CPU too: " + x for x in again]
 
 
-def _generate_against_compiled_cpu(model, ids, cfg, tv, note, static=False):
+def _generate_against_compiled_cpu(model, ids, cfg, tv, note, static=False, cache=None):
     """``--compile``, after generate's tokens differ from eager CPU's: the same generate compiled on CPU (on a
     copy of the CPU model; ``static``: with the static cache, as :func:`_generate_static_compiled`) is the
     oracle, since Inductor's numerics can flip a near-tie at one step and every token after it (doge,
     deepseek_v32). Returns (ok, note): ok when vnpu's tokens equal compiled CPU's."""
     import torch
 
-    model_c = copy.deepcopy(model)
     if static:
-        tc = _generate_static_compiled(model_c, ids, cfg)
+        tc = _generate_static_compiled(copy.deepcopy(model), ids, cfg)
     else:
-        model_c.compile()
-        tc, _ = _generate(model_c, ids, cfg)
+        tc, _ = _generate(_compiled_cpu_copy(model, {} if cache is None else cache), ids, cfg)
     if torch.equal(tc, tv):
         return True, ("tokens differ from eager CPU's as the model compiled on CPU's do (Inductor's numerics; vnpu "
                       "matches compiled CPU): " + note)
@@ -633,6 +639,7 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
         logits_v, grads_v = _forward_backward(model_v, ids_v, w_v)
         torch.vnpu.synchronize()
         bad = []
+        compiled_cpu = {}  # the CPU model compiled once, if a check needs it (_compiled_cpu_copy)
         try:
             torch.testing.assert_close(logits_v, ref_logits, **LOGITS_TOL)
         except AssertionError as e:
@@ -642,7 +649,8 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
         if compile and bad:
             step("cpu_compiled_check")
             cpu_graphs = counters["stats"]["unique_graphs"]
-            bad = _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, res["notes"], ref_grads)
+            bad = _against_compiled_cpu(model, ids, w, logits_v, grads_v, bad, res["notes"], ref_grads,
+                                        cache=compiled_cpu)
             graphs_before += counters["stats"]["unique_graphs"] - cpu_graphs  # not the vnpu model's
         if ref_gen is not None:
             step("vnpu_generate")
@@ -652,7 +660,7 @@ def run_arch(model_type, device="vnpu", progress=None, attn_implementation=None,
             if not ok and compile:
                 step("cpu_compiled_generate")
                 cpu_graphs = counters["stats"]["unique_graphs"]
-                ok, note = _generate_against_compiled_cpu(model, ids, cfg, tv, note)
+                ok, note = _generate_against_compiled_cpu(model, ids, cfg, tv, note, cache=compiled_cpu)
                 graphs_before += counters["stats"]["unique_graphs"] - cpu_graphs  # not the vnpu model's
             if not ok:
                 bad.append("generate: " + note)
