@@ -153,6 +153,12 @@ std::string allocation_site(int device, const void* base) {
 const char kAtExit[] = "<at exit>";  // check_pending(true)'s op
 
 // Where a kept report surfaces: the call that returned it, or the exit.
+std::string pointer_text(const void* p) {
+  std::ostringstream o;
+  o << p;
+  return o.str();
+}
+
 std::string reported_where(const char* op, const vnpuSanitizerReport& r) {
   if (op == kAtExit) return "at exit, after the program's last vnpu call";
   const char* name = op != nullptr ? op : r.name.c_str();
@@ -308,8 +314,12 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
          "lifetime.";
     return m.str();
   }
+  // The access's own range, unless the block named above is exactly it.
+  const bool whole_block = block_device >= 0 && block_base == r.ptr && block_size == r.bytes;
+  const std::string range =
+      whole_block ? std::string() : " (" + std::to_string(r.bytes) + " bytes at " + pointer_text(r.ptr) + ")";
   m << "vNPU sanitizer: stream race: '" << name << "' on " << here << (r.write ? " writes " : " reads ") << tensor
-    << " (" << r.bytes << " bytes at " << r.ptr << "), which '" << r.other_name << "' on " << there << " (its task #"
+    << range << ", which '" << r.other_name << "' on " << there << " (its task #"
     << r.other_position << ") " << (r.other_write ? "writes" : "reads")
     << ", and nothing orders the two (no wait_stream, synchronize, or event recorded on " << there
     << " after that task and waited for before this op: an event recorded earlier does not cover it). This is "
