@@ -43,7 +43,9 @@ def free_without_record_stream(fix: bool):
     return out.cpu(), expected
 
 
-def _read_on_side_then_drop(fix: bool):
+def _read_on_side_then_drop(fix: bool, record_on_wrong_stream: bool = False):
+    """x made on the default stream, read on a side stream, dropped; recorded on the side stream with ``fix``,
+    on another stream with ``record_on_wrong_stream`` (and no fix)."""
     main, side = torch.vnpu.current_stream(), torch.vnpu.Stream()
     v = values()
     x = v.to("vnpu")
@@ -53,6 +55,8 @@ def _read_on_side_then_drop(fix: bool):
         out = x * 2
     if fix:
         x.record_stream(side)
+    elif record_on_wrong_stream:
+        x.record_stream(torch.vnpu.Stream())
     del x
     return out, v * 2
 
@@ -70,17 +74,9 @@ def record_stream_on_the_wrong_stream(fix: bool):
     """A tensor read on one side stream is recorded on another (a typo among several streams) and dropped:
     the block is handed out again once the recorded stream passes the free, while the reading stream may
     still read it. Fix: record_stream on the stream that used it."""
-    main, side, other = torch.vnpu.current_stream(), torch.vnpu.Stream(), torch.vnpu.Stream()
-    v = values()
-    x = v.to("vnpu")
-    side.wait_stream(main)
-    with torch.vnpu.stream(side):
-        torch.vnpu._sleep(BUSY_NS)
-        out = x * 2
-    x.record_stream(side if fix else other)
-    del x
+    out, expected = _read_on_side_then_drop(fix, record_on_wrong_stream=True)
     torch.vnpu.synchronize()  # the next vnpu call: a free cannot raise, the report comes here
-    return out.cpu(), v * 2
+    return out.cpu(), expected
 
 
 def free_race_reader_result(fix: bool):

@@ -171,13 +171,16 @@ def test_pinned_staging_buffer_rewritten_while_a_graph_replay_reads_it():
     assert sanitized("graph_pinned_staging_rewritten", fix=True) == {"ok": 0.0}
 
 
+def _run_case_process(case: str, fix: str) -> subprocess.CompletedProcess:
+    """``sanitizer_cases.py CASE FIX`` under VNPU_SANITIZE=1, for its exit status and stderr."""
+    return subprocess.run([sys.executable, os.path.join(_HERE, "sanitizer_cases.py"), case, fix], cwd=_HERE,
+                          env=dict(os.environ, VNPU_SANITIZE="1"), capture_output=True, text=True, timeout=120)
+
+
 def test_report_pending_at_exit_is_printed_and_fails_the_process():
     """A free without record_stream as the last vnpu work: reported at exit, exit status 1 (before: lost)."""
     def run(fix):
-        return subprocess.run(
-            [sys.executable, os.path.join(_HERE, "sanitizer_cases.py"), "free_race_as_last_vnpu_call", fix],
-            cwd=_HERE, env=dict(os.environ, VNPU_SANITIZE="1"), capture_output=True, text=True, timeout=120,
-        )
+        return _run_case_process("free_race_as_last_vnpu_call", fix)
 
     bad = run("0")
     assert bad.returncode == 1, (bad.returncode, bad.stderr[-3000:])
@@ -196,10 +199,7 @@ def test_a_caught_error_does_not_hide_a_later_one_at_exit():
     """Found by the fourth break test: once any sanitizer error had been raised, a later free race left pending at
     exit was not reported, even though the program had caught the first and gone on."""
     def run(fix):
-        return subprocess.run(
-            [sys.executable, os.path.join(_HERE, "sanitizer_cases.py"), "caught_race_then_free_race_at_exit", fix],
-            cwd=_HERE, env=dict(os.environ, VNPU_SANITIZE="1"), capture_output=True, text=True, timeout=120,
-        )
+        return _run_case_process("caught_race_then_free_race_at_exit", fix)
 
     bad = run("0")
     assert bad.returncode == 1, (bad.returncode, bad.stderr[-3000:])
