@@ -127,6 +127,24 @@ def test_compiled_arg_reductions_over_permuted_inputs_match_eager():
         assert torch.equal(c.cpu(), ref) and torch.equal(e.cpu(), ref)
 
 
+def test_compiled_division_by_a_constant_divides_as_on_cpu():
+    # Found by the compile break test of 2026-12-02: Inductor multiplies by the reciprocal instead of dividing
+    # by a constant on every device but the CPU, so compiled floor(x / 41) on vnpu gave 0 at x = 41 (eager and
+    # compiled CPU: 1) and integer inputs divided by 3 differed in the last bit.
+    def f(x):
+        return (torch.floor(x / 41), torch.div(x, 41, rounding_mode="trunc"), (x / 41).long(),
+                x.to(torch.int32).to(torch.float32) / 3, x / 0.1)
+
+    x = torch.arange(0, 500, dtype=torch.float32)
+    torch._dynamo.reset()
+    compiled_cpu = torch.compile(f)(x)
+    torch._dynamo.reset()
+    compiled_vnpu = torch.compile(f)(x.to("vnpu"))
+    for ref, cpu, vn in zip(f(x), compiled_cpu, compiled_vnpu):
+        assert torch.equal(cpu, ref)
+        assert torch.equal(vn.cpu(), ref)
+
+
 class LayerNormGeluStandardize(nn.Module):
     def __init__(self):
         super().__init__()

@@ -37,6 +37,12 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    the fake convolution of vnpu tensors gave vnpu's real output format,
    :mod:`.fake_conv`, a channels-last graph read the conv's output with the
    wrong strides: an AOTInductor conv + batch norm model was off by 0.05.)
+8. ``div_prim`` turns a division by a constant into a multiplication by its
+   reciprocal on every device but the CPU, where it was turned off for
+   precision (pytorch/pytorch#157959). ``x * (1/41)`` is not ``x / 41``:
+   compiled ``floor(x / 41)`` on vnpu gave 0 for x = 41 (eager and compiled
+   CPU: 1), and ``(x / 3)`` of integers differed in the last bit. vnpu
+   divides, as CPU does.
 """
 
 from __future__ import annotations
@@ -206,6 +212,42 @@ def _fix_layout_opt() -> None:
     GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
 
 
+_dividing_on_vnpu = threading.local()  # set while div_prim lowers a vnpu division
+
+
+def _fix_division_by_constant() -> None:
+    from torch._inductor import lowering
+
+    original_constant = lowering.get_constant_value
+    if getattr(original_constant, "_vnpu_original", None) is not None:
+        return
+
+    def get_constant_value(x):
+        # div_prim's only question: "is the divisor a constant?"; for vnpu the CPU's answer (divide).
+        return None if getattr(_dividing_on_vnpu, "active", False) else original_constant(x)
+
+    get_constant_value._vnpu_original = original_constant  # type: ignore[attr-defined]
+    get_constant_value.__doc__ = original_constant.__doc__
+    lowering.get_constant_value = get_constant_value
+
+    original_div = lowering.div_prim  # the registered lowering (aten.div's lowering calls it by name too)
+
+    def div_prim(a, b):
+        if not _is_vnpu_node(a):
+            return original_div(a, b)
+        _dividing_on_vnpu.active = True
+        try:
+            return original_div(a, b)
+        finally:
+            _dividing_on_vnpu.active = False
+
+    div_prim._vnpu_original = original_div  # type: ignore[attr-defined]
+    lowering.div_prim = div_prim
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original_div:
+            lowering.lowerings[key] = div_prim
+
+
 def apply() -> None:
     """Applies the fixes (idempotent)."""
     _fix_get_current_backend()
@@ -214,3 +256,4 @@ def apply() -> None:
     _fix_logical_index_reductions()
     _fix_cpu_heuristics()
     _fix_layout_opt()
+    _fix_division_by_constant()
