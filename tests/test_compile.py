@@ -341,6 +341,21 @@ def test_fullgraph_graph_break_and_explain():
         torch.compile(g, fullgraph=True)(x.to("vnpu"))
 
 
+def test_device_count_in_a_compiled_region_does_not_break_the_graph():
+    # Found by the compile break test of 2026-12-02: Dynamo could not trace the C++ call behind
+    # torch.vnpu.device_count() and broke the graph with "file an issue"; it is a constant of the process.
+    def f(x):
+        return x * torch.vnpu.device_count() + int(torch.vnpu.is_available())
+
+    x = torch.randn(4)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(f)(x.to("vnpu"))
+    assert e.graph_count == 1 and e.graph_break_count == 0
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(x.to("vnpu"))
+    torch.testing.assert_close(out.cpu(), x * torch.vnpu.device_count() + 1)
+
+
 def test_event_recorded_inside_a_compiled_region():
     # Dynamo captures the event; its record is a device-less node, before which the pending C++ kernel must be
     # emitted (it read a buffer the generated code had already deleted: UnboundLocalError).

@@ -132,6 +132,11 @@ def is_available() -> bool:
     return device_count() > 0
 
 
+# Fixed for the process's lifetime: torch.compile treats the calls as constants (as torch._dynamo's
+# assume_constant_result does, without importing it) instead of breaking the graph at the C++ call.
+is_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def is_initialized() -> bool:
     """True once vnpu was initialized in this process: by a call that initializes as on CUDA
     (``init``, ``get_device_properties``, ``current_device``, ``set_device``, creating a tensor or a
@@ -150,6 +155,9 @@ def device_count() -> int:
     not initialize the device (a fork afterwards leaves vnpu usable in the child, as CUDA's)."""
     _warn_configuration_once()
     return int(_C._device_count())
+
+
+device_count._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def current_device() -> int:
