@@ -404,6 +404,45 @@ def caught_race_then_free_race_at_exit(fix: bool):
     return out.cpu() if fix else torch.zeros(0), expected if fix else torch.zeros(0)
 
 
+def caught_free_race_then_same_memory_free_race_at_exit(fix: bool):
+    """A free race caught at the next call, then a new tensor at the same address with its own free race as
+    the last vnpu work (found by the fifth break test: skipped at exit as if it were the first one's
+    consequence). Fix: record_stream for the second."""
+    side = torch.vnpu.Stream()
+    x = torch.ones(N, device="vnpu")
+    side.wait_stream(torch.vnpu.current_stream())
+    with torch.vnpu.stream(side):
+        x * 2
+    del x
+    try:
+        torch.vnpu.synchronize()
+    except torch.vnpu.sanitizer.StreamRaceError:
+        pass
+    z = torch.ones(N, device="vnpu")
+    side.wait_stream(torch.vnpu.current_stream())
+    with torch.vnpu.stream(side):
+        torch.vnpu._sleep(BUSY_NS // 5)
+        z * 2
+    if fix:
+        z.record_stream(side)
+    del z
+    return torch.zeros(0), torch.zeros(0)
+
+
+def blocking_upload_read_on_side_stream(fix: bool):
+    """A correct CUDA program: a blocking upload while the default stream is busy, read on a side stream with
+    no other ordering (CUDA's copy_ synchronizes the stream). Found by the fifth break test: vnpu returned with
+    the copy still queued, and the side stream read the tensor before it was written."""
+    torch.vnpu._sleep(BUSY_NS)
+    v = values()
+    w = v.to("vnpu")  # non_blocking=False
+    side = torch.vnpu.Stream()
+    with torch.vnpu.stream(side):
+        y = w * 2
+    side.synchronize()
+    return y.cpu(), v * 2
+
+
 def allocated_on_one_stream_written_on_another(fix: bool):
     """A block freed on the default stream (legally) and handed to a new tensor there, written by a side stream
     that did not wait for the default stream's queued work on the same memory. Fix: wait_stream."""
@@ -430,7 +469,9 @@ CASES = {f.__name__: f for f in (free_without_record_stream, free_without_record
                                  nonblocking_copy_other_stream_synced, pinned_round_trip,
                                  pinned_upload_then_download_same_buffer,
                                  graph_replay_race, graph_pinned_staging_rewritten,
-                                 caught_race_then_free_race_at_exit, allocated_on_one_stream_written_on_another)}
+                                 caught_race_then_free_race_at_exit, allocated_on_one_stream_written_on_another,
+                                 caught_free_race_then_same_memory_free_race_at_exit,
+                                 blocking_upload_read_on_side_stream)}
 
 
 def main() -> None:

@@ -120,9 +120,23 @@ void synchronize_or_record(const Tensor& pinned, const c10::vnpu::VNPUStream& st
   }
 }
 
+void host_to_device_queued(Tensor& dst, const Tensor& src, bool non_blocking,
+                           const c10::vnpu::VNPUStream& stream);
+
+// Note [Blocking uploads synchronize]
+// A blocking copy to the device returns once the copy has run, as CUDA's copy_ does (it synchronizes the
+// stream): work the program then queues on any stream, or host code, sees the uploaded data. Returning with
+// the copy still queued behind earlier work let a side stream read the tensor before it was written (CUDA-
+// correct code gave wrong numbers, 2 of 5 runs, found by a break test).
 void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentVNPUStream(dst.device().index());
+  host_to_device_queued(dst, src, non_blocking, stream);
+  if (!non_blocking) stream.synchronize();  // (a pinned same-layout copy was waited for already: idle now)
+}
+
+void host_to_device_queued(Tensor& dst, const Tensor& src, bool non_blocking,
+                           const c10::vnpu::VNPUStream& stream) {
   if (!src.is_pinned()) {
     // A pageable source would be read now, not at each replay: the runtime refuses such a copy on a
     // capturing stream (and invalidates the capture, as CUDA). The staged paths below never ask the

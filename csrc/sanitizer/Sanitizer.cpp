@@ -473,29 +473,25 @@ void host_access(const char* name, const Accesses& accesses) {
 namespace {
 // The memory of the errors raised so far (bounded): at exit, a pending report on the same memory is the
 // consequence of one of them (the racing tensor freed unordered when the program stopped), not a new bug.
+// Allocations, not addresses: memory handed to a new tensor since is a new bug's.
 std::mutex g_raised_mu;
-std::vector<std::pair<uintptr_t, uintptr_t>> g_raised;
+std::vector<uint64_t> g_raised;  // allocation epochs (vnpuSanitizerAllocationEpoch)
 constexpr size_t kMaxRaised = 256;
 
-bool overlaps_raised(const void* ptr, size_t bytes) {
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + bytes;
+bool concerns_raised(const void* ptr) {
+  const uint64_t epoch = vnpuSanitizerAllocationEpoch(ptr);
+  if (epoch == 0) return false;
   std::lock_guard<std::mutex> g(g_raised_mu);
-  for (const auto& [a, b] : g_raised) {
-    if (a < hi && lo < b) return true;
-  }
-  return false;
+  return std::find(g_raised.begin(), g_raised.end(), epoch) != g_raised.end();
 }
 }  // namespace
 
 void raise(vnpuError_t err, const char* op, const Accesses* accesses) {
   vnpuSanitizerReport r;
   vnpuSanitizerGetLastReport(&r);
-  if (r.ptr != nullptr && r.bytes > 0) {
+  if (const uint64_t epoch = vnpuSanitizerAllocationEpoch(r.ptr); epoch != 0) {
     std::lock_guard<std::mutex> g(g_raised_mu);
-    if (g_raised.size() < kMaxRaised) {
-      const uintptr_t lo = reinterpret_cast<uintptr_t>(r.ptr);
-      g_raised.emplace_back(lo, lo + r.bytes);
-    }
+    if (g_raised.size() < kMaxRaised) g_raised.push_back(epoch);
   }
   std::string msg = describe(err, op, accesses, r);
   if (err == vnpuErrorUseAfterFree) throw UseAfterFreeError(std::move(msg));
@@ -509,7 +505,7 @@ void check_pending(bool at_exit) {
     if (at_exit) {
       vnpuSanitizerReport r;
       vnpuSanitizerGetLastReport(&r);
-      if (overlaps_raised(r.ptr, r.bytes)) return;  // the consequence of an error already raised
+      if (concerns_raised(r.ptr)) return;  // the consequence of an error already raised
     }
     raise(e, at_exit ? kAtExit : nullptr, nullptr);
   }

@@ -758,18 +758,28 @@ vnpuError_t vnpuSanitizerFreeRecorded(void* ptr, size_t bytes, vnpuStream_t stre
   return reported ? vnpuErrorStreamRace : vnpuSuccess;
 }
 
+uint64_t vnpuSanitizerAllocationEpoch(const void* ptr) {
+  if (!san::on() || ptr == nullptr) return 0;
+  std::lock_guard<std::mutex> g(san::g_mu);
+  uint64_t epoch = 0;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  san::visit(a, a + 1, [&](uintptr_t, san::Range& r) {
+    epoch = r.allocated_at;
+    return false;
+  });
+  return epoch;
+}
+
 vnpuError_t vnpuSanitizerAlloc(void* ptr, size_t bytes) {
   if (!san::on() || bytes == 0) return vnpuSuccess;
   if (ptr == nullptr) return vnpuErrorInvalidValue;
   std::lock_guard<std::mutex> g(san::g_mu);
   const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + bytes;
-  san::split_at(lo);
-  san::split_at(hi);
   const uint64_t epoch = san::g_alloc_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
-  san::visit(lo, hi, [epoch](uintptr_t, san::Range& r) {
+  // Ranges over all of it (not only where earlier accesses left some): every byte knows its allocation.
+  san::cover(lo, hi, [epoch](uintptr_t, san::Range& r) {
     r.freed = false;
     r.allocated_at = epoch;
-    return true;
   });
   return vnpuSuccess;
 }

@@ -499,6 +499,9 @@ vnpuError_t vnpuSanitizerGetLastReport(vnpuSanitizerReport* report);
 // returned by the next call that reports host accesses (vnpuLaunchKernel*,
 // copies, memsets, synchronizes, vnpuSanitizerCheckHostAccess), on any thread.
 vnpuError_t vnpuSanitizerFree(void* ptr, size_t bytes, vnpuStream_t stream);
+// Which allocation the device memory at `ptr` belongs to (or last belonged to): a number that
+// vnpuSanitizerAlloc increases per allocation; 0 when off or unknown.
+uint64_t vnpuSanitizerAllocationEpoch(const void* ptr);
 // The allocator frees [ptr, ptr+bytes) allocated on `stream` and recorded on
 // the `count` streams `uses` (record_stream): it calls vnpuSanitizerFree only
 // when they have passed this point. This checks the free now, as
