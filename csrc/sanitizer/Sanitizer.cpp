@@ -186,7 +186,8 @@ std::string describe_host_access(const char* op, const vnpuSanitizerReport& r) {
       << (static_cast<const char*>(r.ptr) - static_cast<const char*>(base)) << ")";
     site = allocation_site(dev, base);
   } else {
-    m << ", in device memory that no live tensor owns (the caching allocator's cache)";
+    m << ", in device memory that no live tensor owns: memory in the caching allocator's cache (freed: a use after "
+         "free through a kept data_ptr(), or never handed out)";
   }
   m << ". On a real accelerator device memory is not host memory: host code that dereferences a vnpu data_ptr() "
        "(ctypes, numpy over the pointer, torch.from_blob on the CPU, a C extension) crashes or reads garbage there.";
