@@ -371,8 +371,9 @@ std::string describe(vnpuError_t err, const char* op, const Accesses* accesses, 
     int dev = 0;
     vnpuStreamGetDevice(r.stream, &dev);
     const std::string waiter = "torch.vnpu.current_stream(" + std::to_string(dev) + ")";
-    m << "make " << here << " wait for the producer before this op: " << waiter << ".wait_stream(s) "
-      << "with s = " << there << ", or e = torch.vnpu.Event(); e.record(s); " << waiter << ".wait_event(e).";
+    m << "make " << here << " wait for the producer before this op: where that stream is current (inside its "
+      << "`with torch.vnpu.stream(...)` block, before this op), " << waiter << ".wait_stream(s) with s = " << there
+      << ", or e = torch.vnpu.Event(); e.record(s); " << waiter << ".wait_event(e).";
   } else {
     m << "this op overwrites memory " << there << " may still be reading: make " << here
       << " wait for that stream first (wait_stream or an event), and if the tensor changes hands between streams, "
