@@ -145,6 +145,25 @@ def test_compiled_division_by_a_constant_divides_as_on_cpu():
         assert torch.equal(vn.cpu(), ref)
 
 
+def test_compiled_cat_of_clamped_position_embeddings_concatenates_as_on_cpu():
+    # Found by the HF compile sweep (transformers' ProphetNet decoder): on every device but the CPU Inductor may
+    # fuse a cat into its consumers (pointwise_cat); with clamped position ids behind the cat the scheduler failed
+    # ("The argument '((0)) + 1' is not comparable"). vnpu concatenates as the CPU does.
+    def f(ids, tokens, positions, ngram):
+        length = ids.shape[1]
+        p = (torch.arange(length, device=ids.device) + 1).clamp(0, 255)
+        h = tokens[ids] + positions[p]
+        n = [(ngram[i] + positions[p + 1]).expand(ids.shape[0], length, 64) for i in range(2)]
+        return torch.cat([h] + n, 1)
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randint(0, 100, (2, 8), generator=gen), torch.randn(100, 64, generator=gen),
+            torch.randn(257, 64, generator=gen), torch.randn(2, 64, generator=gen))
+    torch._dynamo.reset()
+    out = torch.compile(f)(*[a.to("vnpu") for a in args])
+    assert torch.equal(out.cpu(), f(*args))
+
+
 class LayerNormGeluStandardize(nn.Module):
     def __init__(self):
         super().__init__()

@@ -43,6 +43,12 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    compiled ``floor(x / 41)`` on vnpu gave 0 for x = 41 (eager and compiled
    CPU: 1), and ``(x / 3)`` of integers differed in the last bit. vnpu
    divides, as CPU does.
+9. ``cat`` never lowers to ``pointwise_cat`` on CPU (slower in C++ kernels)
+   and may on any other device. On vnpu that path failed to compile
+   transformers' ProphetNet (``ValueError: The argument '((0)) + 1' is not
+   comparable``: its ``Identity`` index inside a clamp cannot be simplified by
+   the scheduler). vnpu concatenates as CPU does, with ``ConcatKernel``, unless
+   ``config.force_pointwise_cat`` asks otherwise.
 """
 
 from __future__ import annotations
@@ -248,6 +254,24 @@ def _fix_division_by_constant() -> None:
             lowering.lowerings[key] = div_prim
 
 
+def _fix_pointwise_cat() -> None:
+    from torch._inductor import config, ir, lowering
+
+    original = lowering.pointwise_cat
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+
+    def pointwise_cat(inputs, dim=0):
+        # ``cat`` calls this by name, after its input checks and dtype promotion; CPU's branch at this point.
+        if config.force_pointwise_cat or not _is_vnpu_node(inputs[0]):
+            return original(inputs, dim)
+        return ir.TensorBox(ir.ConcatKernel.create(inputs, dim))
+
+    pointwise_cat._vnpu_original = original  # type: ignore[attr-defined]
+    pointwise_cat.__doc__ = original.__doc__
+    lowering.pointwise_cat = pointwise_cat
+
+
 def apply() -> None:
     """Applies the fixes (idempotent)."""
     _fix_get_current_backend()
@@ -257,3 +281,4 @@ def apply() -> None:
     _fix_cpu_heuristics()
     _fix_layout_opt()
     _fix_division_by_constant()
+    _fix_pointwise_cat()
