@@ -164,6 +164,90 @@ def test_compiled_cat_of_clamped_position_embeddings_concatenates_as_on_cpu():
     assert torch.equal(out.cpu(), f(*args))
 
 
+def _compiled_on(fn, args, device):
+    torch._dynamo.reset()
+    out = torch.compile(fn)(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+    return out if isinstance(out, (tuple, list)) else (out,)
+
+
+# The next four were found by the audit of Inductor's "is this the CPU?" branches (2026-12-02): each takes
+# the GPU's branch for vnpu although vnpu's kernels are CPU's (cpu_assumptions.py 10-13).
+def test_cpu_scalar_as_first_operand_runs_on_the_vnpu_stream():
+    # Before: a CPU kernel on the host, reading the matmul's vnpu output without waiting for the stream,
+    # returning a CPU tensor (values off by up to 51 when the stream was behind).
+    def f(scale, a, b):
+        return scale * (a @ b), torch.tensor(0.5) * (a @ b) + 1
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.tensor(3.0), torch.randn(256, 256, generator=gen), torch.randn(256, 256, generator=gen))
+    torch._dynamo.reset()
+    outs = torch.compile(f)(args[0], args[1].to("vnpu"), args[2].to("vnpu"))  # the scale stays a CPU tensor
+    for ref, out in zip(f(*args), outs):
+        assert out.device.type == "vnpu"
+        assert torch.equal(out.cpu(), ref)
+
+
+def test_bf16_convolution_adds_its_bias_inside_the_kernel_as_on_cpu():
+    # Before: bias peeled off into a second kernel, the bfloat16 output rounded twice (0.06 off eager).
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 8, 10, 10, generator=gen).bfloat16(), (torch.randn(16, 8, 3, 3, generator=gen) * 0.2).bfloat16(),
+            (torch.randn(16, generator=gen) * 3).bfloat16())
+    conv = lambda x, w, b: F.conv2d(x, w, b, padding=1).relu()  # noqa: E731
+    assert torch.equal(_compiled_on(conv, args, "vnpu")[0].cpu(), conv(*args))
+
+
+def test_norm_statistics_have_eager_dtypes_and_shapes():
+    # Before: float32 saved statistics for bfloat16 inputs (eager: bfloat16), running statistics saved in
+    # eval mode (eager: empty); the compiled bfloat16 batch norm weight gradient was 0.29 off eager.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, 6, 6, generator=gen) * 2 + 1
+    w, b, rm, rv = (torch.randn(8, generator=gen), torch.randn(8, generator=gen), torch.randn(8, generator=gen),
+                    torch.rand(8, generator=gen) + 0.5)
+    cases = [
+        (lambda x, w, b: torch.native_layer_norm(x, [36], w, b, 1e-5), (x.flatten(2).bfloat16(), w.repeat(5)[:36].bfloat16(), b.repeat(5)[:36].bfloat16())),
+        (lambda x, w, b, rm, rv: torch.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5), (x, w, b, rm, rv)),
+        (lambda x, w, b, rm, rv: torch.native_batch_norm(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5),
+         tuple(t.bfloat16() for t in (x, w, b, rm, rv))),
+        (lambda x, w, b, rm, rv: torch.native_batch_norm(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5),
+         (x.bfloat16(), w, b, rm, rv)),  # mixed: eager saves float32 statistics
+    ]
+    for fn, args in cases:
+        compiled_cpu = _compiled_on(fn, args, "cpu")
+        for ref, cpu, out in zip(fn(*args), compiled_cpu, _compiled_on(fn, args, "vnpu")):
+            assert (out.shape, out.dtype) == (ref.shape, ref.dtype)
+            if cpu.dtype == out.dtype:
+                assert torch.equal(out.cpu(), cpu)
+            else:  # mixed input: compiled CPU saves bfloat16 statistics, eager (and vnpu) float32
+                torch.testing.assert_close(out.cpu(), ref)
+
+    def train_step(x, w, b):
+        return F.batch_norm(x, None, None, w, b, True).square().sum()
+
+    leaves = [t.bfloat16() for t in (x, w, b)]
+    grads = {}
+    for device in ("cpu", "vnpu"):
+        inputs = [t.detach().to(device).requires_grad_() for t in leaves]
+        torch._dynamo.reset()
+        torch.compile(train_step)(*inputs).backward()
+        grads[device] = [t.grad.cpu() for t in inputs]
+    for cpu_grad, vnpu_grad in zip(grads["cpu"], grads["vnpu"]):
+        assert torch.equal(vnpu_grad, cpu_grad)  # compiled CPU's decomposition, bitwise
+
+
+def test_combo_kernels_compile_on_vnpu():
+    # Before: Inductor grouped vnpu nodes into combo kernels, which only Triton-style scheduling generates
+    # (AssertionError while compiling).
+    def f(a, b, c):
+        return a.sin() + 1, b.cos() * 2, (c * c).sum(0)
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(32, 8, generator=gen), torch.randn(5, 7, generator=gen), torch.randn(6, 9, generator=gen))
+    with torch._inductor.config.patch(combo_kernels=True):
+        outs = _compiled_on(f, args, "vnpu")
+    for ref, out in zip(f(*args), outs):
+        torch.testing.assert_close(out.cpu(), ref)
+
+
 class LayerNormGeluStandardize(nn.Module):
     def __init__(self):
         super().__init__()

@@ -49,6 +49,27 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
    comparable``: its ``Identity`` index inside a clamp cannot be simplified by
    the scheduler). vnpu concatenates as CPU does, with ``ConcatKernel``, unless
    ``config.force_pointwise_cat`` asks otherwise.
+10. ``make_pointwise`` puts a pointwise op on its first GPU input's device, else
+    on its first input's. With a 0-dim CPU tensor first (``scale * (a @ b)``,
+    ``torch.tensor(0.5) * x``), a vnpu graph got a host CPU kernel that read vnpu
+    buffers without waiting for the stream and returned a CPU tensor (wrong
+    values when the stream was behind). vnpu is a device there, as CUDA is; the
+    CPU scalar is read by value, as for CUDA.
+11. The convolution lowering peels the bias off into a separate add on every
+    device but the CPU (cuDNN is slower with it); in bfloat16 that rounds the
+    output twice (0.06 off eager). vnpu's convolution is CPU's, so it keeps
+    the bias, as on CPU.
+12. The layer norm and batch norm decompositions give the CPU's saved
+    statistics (the input's dtype; batch norm in eval mode: empty) only for
+    ``device.type == "cpu"``, while eager vnpu (CPU's kernels) returns those.
+    With float32 statistics the compiled bfloat16 backward differed from eager
+    (batch norm weight gradient 0.29 off, compiled CPU 0.016). vnpu's
+    statistics are eager's: input dtype, float32 when a bfloat16/float16 input
+    has float32 parameters (ATen's mixed-type batch norm), empty in eval mode.
+13. Combo kernels (``config.combo_kernels``) group every node that is not on
+    the CPU or MPS, but only Triton-style schedulers can generate them;
+    vnpu's C++ scheduling asserted. vnpu nodes stay out of combo kernels, as
+    CPU nodes do.
 """
 
 from __future__ import annotations
@@ -272,6 +293,112 @@ def _fix_pointwise_cat() -> None:
     lowering.pointwise_cat = pointwise_cat
 
 
+def _fix_pointwise_device() -> None:
+    from torch._inductor import lowering
+
+    original = lowering.is_gpu  # only make_pointwise's device choice asks it in lowering.py
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+
+    def is_gpu(device: str | None) -> bool:
+        return device == _DEVICE or original(device)
+
+    is_gpu._vnpu_original = original  # type: ignore[attr-defined]
+    is_gpu.__doc__ = original.__doc__
+    lowering.is_gpu = is_gpu
+
+
+def _fix_convolution_bias() -> None:
+    from torch._inductor import lowering
+    from torch._inductor.kernel import conv
+
+    original = conv.convolution
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+    _fix_logical_index_reductions()  # installs the get_device_type that answers "cpu" under _as_cpu
+
+    def convolution(x, weight, bias, *args, **kwargs):
+        if not _is_vnpu_node(x):
+            return original(x, weight, bias, *args, **kwargs)
+        before = getattr(_as_cpu, "active", False)
+        _as_cpu.active = True
+        try:
+            return original(x, weight, bias, *args, **kwargs)
+        finally:
+            _as_cpu.active = before
+
+    convolution._vnpu_original = original  # type: ignore[attr-defined]
+    convolution.__doc__ = original.__doc__
+    conv.convolution = convolution
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original:
+            lowering.lowerings[key] = convolution
+
+
+def _eager_norm_stats_dtype(input, *params):
+    import torch
+
+    low = (torch.bfloat16, torch.float16)
+    mixed = input.dtype in low and any(p is not None and p.dtype == torch.float32 for p in params)
+    return torch.float32 if mixed else input.dtype
+
+
+def _fix_norm_statistics() -> None:
+    import torch
+    import torch._decomp as decomp
+    import torch._decomp.decompositions as decompositions
+    import torch._refs as refs
+    from torch._inductor import decomposition as inductor_decomposition
+
+    original_ln = refs.native_layer_norm
+    if getattr(original_ln, "_vnpu_original", None) is not None:
+        return
+
+    def native_layer_norm(input, normalized_shape, weight, bias, eps, **kwargs):
+        out, mean, rstd = original_ln(input, normalized_shape, weight, bias, eps, **kwargs)
+        if input.device.type == _DEVICE and not kwargs:
+            mean, rstd = mean.to(input.dtype), rstd.to(input.dtype)  # CPU's kernel: input dtype
+        return out, mean, rstd
+
+    native_layer_norm._vnpu_original = original_ln  # type: ignore[attr-defined]
+    native_layer_norm.__doc__ = original_ln.__doc__
+    refs.native_layer_norm = native_layer_norm  # the fake impl calls it by this name
+    inductor_decomposition.decomp_native_layer_norm = native_layer_norm
+    op = torch.ops.aten.native_layer_norm.default
+    if decomp.decomposition_table.get(op) is original_ln:
+        decomp.decomposition_table[op] = native_layer_norm
+
+    original_bn = decompositions.native_batch_norm_helper  # every batch norm decomposition calls it by name
+
+    def native_batch_norm_helper(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                                 functional):
+        result = original_bn(input, weight, bias, running_mean, running_var, training, momentum, eps, functional)
+        if input.device.type != _DEVICE:
+            return result
+        output, save_mean, save_rstd, new_mean, new_var = result
+        if not training:  # CPU's kernel saves no statistics in eval mode
+            save_mean, save_rstd = input.new_zeros((0,)), input.new_zeros((0,))
+        dtype = _eager_norm_stats_dtype(input, weight, bias, running_mean, running_var)
+        return output, save_mean.to(dtype), save_rstd.to(dtype), new_mean, new_var
+
+    native_batch_norm_helper._vnpu_original = original_bn  # type: ignore[attr-defined]
+    decompositions.native_batch_norm_helper = native_batch_norm_helper
+
+
+def _fix_combo_kernels() -> None:
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
+
+    original = ForeachKernelSchedulerNode.__dict__["group_nodes_for_combo_kernels"].__func__
+    if getattr(original, "_vnpu_original", None) is not None:
+        return
+
+    def group_nodes_for_combo_kernels(scheduler):
+        return [g for g in original(scheduler) if not any(_is_vnpu_node(n) for n in g)]
+
+    group_nodes_for_combo_kernels._vnpu_original = original  # type: ignore[attr-defined]
+    ForeachKernelSchedulerNode.group_nodes_for_combo_kernels = staticmethod(group_nodes_for_combo_kernels)
+
+
 def apply() -> None:
     """Applies the fixes (idempotent)."""
     _fix_get_current_backend()
@@ -282,3 +409,7 @@ def apply() -> None:
     _fix_layout_opt()
     _fix_division_by_constant()
     _fix_pointwise_cat()
+    _fix_pointwise_device()
+    _fix_convolution_bias()
+    _fix_norm_statistics()
+    _fix_combo_kernels()
