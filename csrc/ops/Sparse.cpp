@@ -1,6 +1,8 @@
 // Sparse layouts on vnpu: COO (SparsePrivateUse1) and compressed CSR/CSC/BSR/BSC
 // (SparseCsrPrivateUse1) tensors whose component tensors (indices/values,
-// compressed/plain indices/values) are ordinary strided vnpu tensors.
+// compressed/plain indices/values) are ordinary strided vnpu tensors; and
+// nested tensors (NestedTensorPrivateUse1, torch.strided layout), whose buffer
+// is vnpu memory (their sizes, strides and offsets are CPU tensors, as on CUDA).
 //
 // Ops on them run ATen's SparseCPU / SparseCsrCPU kernels, the executor's idea
 // (CPU kernels on CPU tensors that alias device memory, see CpuAlias.h) applied
@@ -21,8 +23,10 @@
 //     into host memory, see AliasContext(resizable)).
 // Metadata-only ops (nnz, sparse_dim, indices(), values(), ...) run ATen's
 // device-agnostic kernels directly (no synchronization), and strided → sparse
-// conversions of vnpu tensors (to_sparse*, which reach the dense PrivateUse1
-// key) take the same fallback. Ops without a sparse CPU kernel raise CPU's
+// or nested conversions of vnpu tensors (to_sparse*, _nested_tensor_from_mask,
+// which reach the dense PrivateUse1 key) take the same fallback. Nested tensors
+// run ATen's NestedTensorCPU kernels (e.g. nn.TransformerEncoder's fast path for
+// padded batches in inference, as on CPU and CUDA). Ops without a sparse CPU kernel raise CPU's
 // NotImplementedError ("Could not run ... with arguments from the 'SparseCPU'
 // backend").
 #include "CpuAlias.h"
@@ -33,6 +37,7 @@
 #include "../core/VNPUStream.h"
 #include "../sanitizer/Sanitizer.h"
 
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseCsrTensorUtils.h>
 #include <ATen/SparseTensorImpl.h>
@@ -106,7 +111,9 @@ class SparseCall {
     auto known = converted_.find(t.unsafeGetTensorImpl());
     if (known != converted_.end()) return known->second;
     Tensor c;
-    if (t.layout() == kSparse) {
+    if (t.is_nested()) {
+      c = make_nested(t, to_cpu(at::native::get_nested_tensor_impl(t)->get_unsafe_storage_as_tensor()));
+    } else if (t.layout() == kSparse) {
       auto* impl = at::sparse::get_sparse_impl(t);
       c = make_coo(Device(kCPU), t, to_cpu(impl->indices()), to_cpu(impl->values()));
     } else if (is_compressed(t)) {
@@ -146,6 +153,9 @@ class SparseCall {
     if (passed_.count(c.unsafeGetTensorImpl())) return c;  // a CPU argument returned as it is
     auto arg = back_.find(c.unsafeGetTensorImpl());
     if (arg != back_.end()) return arg->second;
+    if (c.is_nested()) {
+      return make_nested(c, to_vnpu(at::native::get_nested_tensor_impl(c)->get_unsafe_storage_as_tensor()));
+    }
     if (c.layout() == kSparse) {
       auto* impl = at::sparse::get_sparse_impl(c);
       return make_coo(Device(kVNPU, dev_), c, to_vnpu(impl->indices()), to_vnpu(impl->values()));
@@ -173,6 +183,9 @@ class SparseCall {
   // e.g. randn_like(x, device="cpu")): what aliases device memory is copied.
   Tensor to_host(const Tensor& c) {
     if (!c.defined() || is_vnpu(c)) return c;
+    if (c.is_nested()) {
+      return make_nested(c, to_host(at::native::get_nested_tensor_impl(c)->get_unsafe_storage_as_tensor()));
+    }
     if (c.layout() == kSparse) {
       auto* impl = at::sparse::get_sparse_impl(c);
       return make_coo(Device(kCPU), c, to_host(impl->indices()), to_host(impl->values()));
@@ -198,7 +211,10 @@ class SparseCall {
     auto it = converted_.find(arg.unsafeGetTensorImpl());
     if (it == converted_.end()) return;
     const Tensor& c = it->second;
-    if (arg.layout() == kSparse) {
+    if (arg.is_nested()) {
+      // In-place nested kernels write through the buffer's alias into device memory (nested tensors
+      // cannot be resized, so the buffer stays).
+    } else if (arg.layout() == kSparse) {
       auto* dst = at::sparse::get_sparse_impl(arg);
       auto* src = at::sparse::get_sparse_impl(c);
       write_back_dense(dst->indices());
@@ -222,6 +238,14 @@ class SparseCall {
   }
 
  private:
+  // A nested tensor like `like` (sizes, strides, offsets: CPU tensors, shared) over `buffer`'s memory.
+  static Tensor make_nested(const Tensor& like, const Tensor& buffer) {
+    auto* impl = at::native::get_nested_tensor_impl(like);
+    return at::detail::make_tensor<at::native::NestedTensorImpl>(buffer, impl->get_nested_sizes(),
+                                                                 impl->get_nested_strides(),
+                                                                 impl->get_storage_offsets());
+  }
+
   struct Dense {
     Tensor dev, cpu;
     const void* data;  // the CPU storage's data pointer when the call started
@@ -365,20 +389,29 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
 // Ops with a sparse CPU kernel and a CompositeExplicitAutograd kernel (e.g.
 // copy_, zero_, clone) would take the composite on vnpu (a backend fallback
 // loses to composites); route them to the sparse fallback, as CPU runs its
-// sparse kernel. Idempotent; called once all ops are registered.
+// sparse kernel. Likewise nested CPU kernels, also of implicit composites. Idempotent; called once all ops are registered.
 void register_sparse_kernel_overrides() {
   static torch::Library* libs = [] {
     auto* coo = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
     auto* csr = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__);
+    auto* nested =
+        new torch::Library(torch::Library::IMPL, "aten", DispatchKey::NestedTensorPrivateUse1, __FILE__, __LINE__);
     for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = c10::Dispatcher::singleton().findOp(name);
-      if (!op || !(op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
-                   op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional)))
-        continue;
+      if (!op) continue;
+      const bool explicit_composite = op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+                                      op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional);
+      // Nested kernels also stand in for implicit composites (linear, matmul, sdpa), whose decompositions
+      // cannot run on nested tensors.
+      const bool implicit_composite = op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd);
+      if (!explicit_composite && !implicit_composite) continue;
       std::string short_name = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      for (auto [cpu, vnpu, lib] : {std::tuple{DispatchKey::SparseCPU, DispatchKey::SparsePrivateUse1, coo},
-                                    std::tuple{DispatchKey::SparseCsrCPU, DispatchKey::SparseCsrPrivateUse1, csr}}) {
+      for (auto [cpu, vnpu, lib, implicit_too] :
+           {std::tuple{DispatchKey::SparseCPU, DispatchKey::SparsePrivateUse1, coo, false},
+            std::tuple{DispatchKey::SparseCsrCPU, DispatchKey::SparseCsrPrivateUse1, csr, false},
+            std::tuple{DispatchKey::NestedTensorCPU, DispatchKey::NestedTensorPrivateUse1, nested, true}}) {
+        if (!explicit_composite && !implicit_too) continue;
         if (op->hasKernelForDispatchKey(cpu) && !op->hasKernelForDispatchKey(vnpu))
           lib->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
       }
@@ -393,6 +426,10 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
 }
 
@@ -425,7 +462,8 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
 // Strided vnpu tensor → sparse layouts (their CPU kernels are registered for the dense CPU key).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"_to_sparse", "_to_sparse.sparse_dim", "_to_sparse_csr", "_to_sparse_csc",
-                           "_to_sparse_bsr", "_to_sparse_bsc"}) {
+                           "_to_sparse_bsr", "_to_sparse_bsc", "_nested_tensor_from_mask", "_nested_from_padded",
+                           "_nested_view_from_buffer"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
   }
 }
