@@ -187,6 +187,24 @@ def test_cpu_scalar_as_first_operand_runs_on_the_vnpu_stream():
         assert torch.equal(out.cpu(), ref)
 
 
+def test_cpu_scalar_self_of_addcmul_and_addcdiv_runs_on_the_vnpu_stream():
+    # addcmul/addcdiv have lowerings of their own that took the CPU `self`'s device: a host kernel racing the
+    # stream (1457 off eager, 5 of 5 runs, found by the verification break test of 2026-12-02).
+    def f(s, x, y):
+        return torch.addcmul(s, x @ x.T, y @ y.T, value=0.5), torch.addcdiv(s, x @ x.T, (y @ y.T).abs() + 1)
+
+    gen = torch.Generator().manual_seed(0)
+    s, x, y = torch.tensor(0.75), torch.randn(64, 33, generator=gen), torch.randn(64, 33, generator=gen)
+    torch._dynamo.reset()
+    compiled_cpu = torch.compile(f)(s, x, y)
+    torch._dynamo.reset()
+    xv, yv = x.to("vnpu"), y.to("vnpu")
+    torch.vnpu._sleep(50_000_000)  # the stream is behind when the graph is called
+    for cpu, out in zip(compiled_cpu, torch.compile(f)(s, xv, yv)):
+        assert out.device.type == "vnpu"
+        assert torch.equal(out.cpu(), cpu)
+
+
 def test_bf16_convolution_adds_its_bias_inside_the_kernel_as_on_cpu():
     # Before: bias peeled off into a second kernel, the bfloat16 output rounded twice (0.06 off eager).
     gen = torch.Generator().manual_seed(0)

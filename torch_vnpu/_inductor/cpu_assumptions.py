@@ -54,7 +54,9 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
     ``torch.tensor(0.5) * x``), a vnpu graph got a host CPU kernel that read vnpu
     buffers without waiting for the stream and returned a CPU tensor (wrong
     values when the stream was behind). vnpu is a device there, as CUDA is; the
-    CPU scalar is read by value, as for CUDA.
+    CPU scalar is read by value, as for CUDA. ``addcmul``/``addcdiv`` have
+    lowerings of their own that take the first operand's device: with a CPU
+    ``self`` and vnpu tensors they run on the vnpu device of their tensors too.
 11. The convolution lowering peels the bias off into a separate add on every
     device but the CPU (cuDNN is slower with it); in bfloat16 that rounds the
     output twice (0.06 off eager). vnpu's convolution is CPU's, so it keeps
@@ -306,6 +308,44 @@ def _fix_pointwise_device() -> None:
     is_gpu._vnpu_original = original  # type: ignore[attr-defined]
     is_gpu.__doc__ = original.__doc__
     lowering.is_gpu = is_gpu
+
+    from torch._inductor import ir
+
+    create = ir.Pointwise.create.__func__
+
+    def pointwise_create(cls, *args, **kwargs):
+        device = getattr(_pointwise_device, "device", None)
+        if device is not None and getattr(kwargs.get("device"), "type", None) == "cpu":
+            kwargs["device"] = device
+        return create(cls, *args, **kwargs)
+
+    ir.Pointwise.create = classmethod(pointwise_create)
+    import torch
+
+    for op in (torch.ops.aten.addcmul, torch.ops.aten.addcdiv):
+        for overload in op.overloads():
+            key = getattr(op, overload)
+            if key in lowering.lowerings:
+                lowering.lowerings[key] = _on_the_tensors_device(lowering.lowerings[key])
+
+
+_pointwise_device = threading.local()  # set while a lowering with a CPU first operand lowers onto vnpu
+
+
+def _on_the_tensors_device(lower: Callable) -> Callable:
+    def wrapper(self, *args, **kwargs):
+        device = next((a.get_device() for a in args if _is_vnpu_node(a)), None)
+        if device is None or _is_vnpu_node(self):
+            return lower(self, *args, **kwargs)
+        before = getattr(_pointwise_device, "device", None)
+        _pointwise_device.device = device
+        try:
+            return lower(self, *args, **kwargs)
+        finally:
+            _pointwise_device.device = before
+
+    wrapper._vnpu_original = lower  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _fix_convolution_bias() -> None:
