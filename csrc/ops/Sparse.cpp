@@ -285,10 +285,17 @@ class SparseCall {
   std::unordered_map<const void*, Tensor> bases_;                 // device storage base -> a vnpu tensor on it
 };
 
+// Arguments that are CPU tensors on CUDA too: a strided nested tensor's
+// metadata (sizes, strides, offsets; _nested_view_from_buffer, _nested_from_padded).
+bool is_nested_metadata_arg(const c10::Argument& a) {
+  const auto& n = a.name();
+  return n == "nested_size" || n == "nested_strides" || n == "offsets" || n == "cpu_nested_shape_example";
+}
+
 // The device of the call; the errors CUDA raises for tensors on other devices
-// (CPU scalars are allowed; copy_ moves between devices).
+// (CPU scalars and nested metadata are allowed; copy_ and _to_copy move between devices).
 DeviceIndex call_device(const c10::OperatorHandle& op, ArrayRef<IValue> args) {
-  const bool any_device = op.schema().name() == "aten::copy_";
+  const bool any_device = op.schema().name() == "aten::copy_" || op.schema().name() == "aten::_to_copy";
   DeviceIndex dev = -1;
   for (const IValue& a : args) {
     if (a.isDevice() && a.toDevice().type() == kVNPU) {
@@ -305,8 +312,9 @@ DeviceIndex call_device(const c10::OperatorHandle& op, ArrayRef<IValue> args) {
       other = t.device();
     }
   };
-  for (const IValue& a : args) {
-    if (a.isTensor()) visit(a.toTensor());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& a = args[i];
+    if (a.isTensor() && !is_nested_metadata_arg(op.schema().arguments()[i])) visit(a.toTensor());
     else if (a.isTensorList()) for (const Tensor& t : a.toTensorList()) visit(t);
     else if (a.isList()) for (const IValue& e : a.toListRef()) if (e.isTensor()) visit(e.toTensor());
   }
@@ -314,6 +322,11 @@ DeviceIndex call_device(const c10::OperatorHandle& op, ArrayRef<IValue> args) {
   TORCH_CHECK(!other.has_value(), "Expected all tensors to be on the same device, but found at least two devices, ",
               Device(kVNPU, dev), " and ", *other, "!");
   return dev;
+}
+
+bool is_nested_metadata_op(const std::string& name) {
+  return name == "aten::_nested_tensor_size" || name == "aten::_nested_tensor_strides" ||
+         name == "aten::_nested_tensor_storage_offsets";
 }
 
 // Execution counters for torch.vnpu.get_executed_ops(), one per op.
@@ -365,7 +378,8 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
     const auto& ai = schema.arguments()[i].alias_info();
     if (ai && ai->isWrite() && args[i].isTensor()) call.write_back(args[i].toTensor());
   }
-  bool on_host = false;  // results requested on the CPU
+  // Results requested on the CPU, or a nested tensor's metadata (CPU tensors on CUDA too).
+  bool on_host = is_nested_metadata_op(schema.name());
   for (const IValue& a : args) on_host |= a.isDevice() && a.toDevice().is_cpu();
   std::vector<IValue> results;
   results.reserve(schema.returns().size());
