@@ -205,6 +205,39 @@ def test_cpu_scalar_self_of_addcmul_and_addcdiv_runs_on_the_vnpu_stream():
         assert torch.equal(out.cpu(), cpu)
 
 
+def test_cpu_scalars_in_any_operand_of_multi_input_lowerings_stay_on_the_vnpu_stream():
+    # Lowerings that take their device from one operand (where, lerp, clamp, masked_fill, index_put, pow,
+    # bucketize...), each with a 0-dim CPU tensor in another position than the one CUDA graphs usually put
+    # it; from the break test of 2026-12-03 (53 such ops x grad x dynamic: every output on vnpu, values equal).
+    # Bitwise compiled CPU: same C++ kernels. Without cpu_assumptions.py 10 the backward gets a host kernel.
+    def f(s, si, x, y, i, bounds):
+        h = x @ y.T  # queued behind the sleep: any host-side kernel would read it too early
+        outs = (torch.where(h > 0, s, h), torch.where(h > 0, h, s), torch.lerp(h, h * 2, s),
+                torch.clamp(h, min=s), torch.clamp(s, min=h), h.masked_fill(h > 1, s), torch.maximum(s, h),
+                torch.fmod(s, h), torch.pow(s, h.clamp(-2, 2)), torch.atan2(s, h), torch.sigmoid(s) * h,
+                torch.bucketize(h, bounds), h.index_put((i,), s), torch.remainder(si, i + 1), si // (i + 1))
+        return outs + (sum(o.float().sum() for o in outs if o.is_floating_point()),)
+
+    gen = torch.Generator().manual_seed(0)
+    s, si = torch.tensor(0.75), torch.tensor(7)
+    x, y = torch.randn(48, 16, generator=gen), torch.randn(48, 16, generator=gen)
+    i, bounds = torch.tensor([0, 5, 47]), torch.tensor([-1.0, 0.0, 0.5, 1.0])
+    torch._dynamo.reset()
+    xc, yc = x.clone().requires_grad_(), y.clone().requires_grad_()
+    compiled_cpu = torch.compile(f)(s, si, xc, yc, i, bounds)
+    compiled_cpu[-1].backward()
+    torch._dynamo.reset()
+    xv, yv = x.to("vnpu").requires_grad_(), y.to("vnpu").requires_grad_()
+    torch.vnpu._sleep(50_000_000)
+    outs = torch.compile(f)(s, si, xv, yv, i.to("vnpu"), bounds.to("vnpu"))
+    outs[-1].backward()
+    for cpu, out in zip(compiled_cpu, outs):
+        assert out.device.type == "vnpu"
+        assert torch.equal(out.detach().cpu(), cpu.detach())
+    for cpu, vnpu in ((xc, xv), (yc, yv)):
+        assert torch.equal(vnpu.grad.cpu(), cpu.grad)
+
+
 def test_bf16_convolution_adds_its_bias_inside_the_kernel_as_on_cpu():
     # Before: bias peeled off into a second kernel, the bfloat16 output rounded twice (0.06 off eager).
     gen = torch.Generator().manual_seed(0)

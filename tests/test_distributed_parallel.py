@@ -136,6 +136,67 @@ def test_ddp_matches_one_process(world):
         assert r["forward_ns"] > 0, r
 
 
+def _compiled(rank, ws):
+    """A compiled module under DDP (Dynamo's DDPOptimizer splits the graph at bucket boundaries, so the
+    bucket all-reduces overlap the compiled backward; torch 2.13 does not trace `torch.compile(ddp)`'s
+    forward, on CPU neither) and functional collectives inside a graph (Inductor emits them as vnpu extern
+    kernels on the current stream)."""
+    import torch._dynamo
+    import torch.distributed._functional_collectives as fc
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = torch.device("vnpu", rank)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512),
+                          nn.ReLU(), nn.Linear(512, 1)).to(dev)  # 2.1 MB of parameters
+    ref = copy.deepcopy(model)
+    graphs = []
+
+    def inductor(gm, example_inputs):  # DDPOptimizer hands the backend one graph per bucket
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    # DDPOptimizer needs buckets no smaller than DDP's 1 MB first one
+    ddp = DDP(torch.compile(model, backend=inductor), bucket_cap_mb=1)
+    opt, ropt = torch.optim.SGD(ddp.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+    for x, y in _batches(3):
+        F.mse_loss(ddp(x.chunk(ws)[rank].to(dev)), y.chunk(ws)[rank].to(dev)).backward()
+        F.mse_loss(ref(x.to(dev)), y.to(dev)).backward()
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    res = {"ddp": _max_diff(model.parameters(), ref.parameters()),
+           "graphs": len(graphs)}
+
+    @torch.compile(fullgraph=True)
+    def collectives(x):
+        a = fc.all_reduce(x @ x.T, "sum", dist.group.WORLD)
+        b = fc.all_gather_tensor(a.relu() + 1, 0, dist.group.WORLD)
+        return a, b, fc.reduce_scatter_tensor(b * 2, "sum", 0, dist.group.WORLD)
+
+    xs = [torch.randn(4, 3, generator=torch.Generator().manual_seed(r)) for r in range(ws)]
+    torch.vnpu._sleep(20_000_000)  # the stream is behind when the graph is called
+    a, b, c = collectives(xs[rank].to(dev))
+    ea = sum(x @ x.T for x in xs)
+    eb = torch.cat([ea.relu() + 1] * ws)
+    ec = (eb * 2 * ws).chunk(ws)[rank]
+    res["collectives"] = max((o.cpu() - e).abs().max().item() for o, e in ((a, ea), (b, eb), (c, ec)))
+    res["devices"] = {str(o.device) for o in (a, b, c)}
+    return res
+
+
+def test_compiled_ddp_and_functional_collectives_in_a_graph(world):
+    for rank, r in enumerate(world.run(_compiled)):
+        assert r["ddp"] < 1e-5, r
+        assert r["graphs"] > 1, r  # DDPOptimizer split the forward at the buckets
+        assert r["collectives"] < 1e-5, r
+        assert r["devices"] == {f"vnpu:{rank}"}, r
+
+
 # ---------------------------------------------------------------- FSDP2 / FSDP1
 
 def _fsdp2(rank, ws):
