@@ -76,6 +76,7 @@ Each is narrowed to vnpu here (idempotent; nothing changes for other devices):
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import Callable
@@ -83,10 +84,36 @@ from typing import Callable
 _DEVICE = "vnpu"
 
 
-def _rebind(name: str, original: Callable, replacement: Callable) -> None:
-    """Replaces ``torch._inductor.utils.<name>`` in every Inductor module that bound it by name."""
+def _marked(replacement: Callable, original: Callable) -> Callable:
+    """Marks ``replacement`` as vnpu's version of ``original`` (each fix checks the mark: idempotence)."""
     replacement._vnpu_original = original  # type: ignore[attr-defined]
     replacement.__doc__ = original.__doc__
+    return replacement
+
+
+@contextlib.contextmanager
+def _set(local: threading.local, attr: str, value):
+    """Sets a thread-local flag for the duration of one lowering call, restoring the caller's value."""
+    before = getattr(local, attr, None)
+    setattr(local, attr, value)
+    try:
+        yield
+    finally:
+        setattr(local, attr, before)
+
+
+def _replace_lowering(original: Callable, replacement: Callable) -> None:
+    """Points every ATen overload whose registered lowering is ``original`` at ``replacement``."""
+    from torch._inductor import lowering
+
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original:
+            lowering.lowerings[key] = replacement
+
+
+def _rebind(name: str, original: Callable, replacement: Callable) -> None:
+    """Replaces ``torch._inductor.utils.<name>`` in every Inductor module that bound it by name."""
+    _marked(replacement, original)
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("torch._inductor") and getattr(module, name, None) is original:
             setattr(module, name, replacement)
@@ -133,7 +160,7 @@ def _fix_is_cpu() -> None:
         device = self.get_device()
         return original(self) or (device is not None and device.type == _DEVICE)
 
-    is_cpu._vnpu_original = original  # type: ignore[attr-defined]
+    _marked(is_cpu, original)
     BaseSchedulerNode.is_cpu = is_cpu
 
 
@@ -160,8 +187,7 @@ def _fix_logical_index_reductions() -> None:
         result = original_type(x)
         return "cpu" if result == _DEVICE and getattr(_as_cpu, "active", False) else result
 
-    get_device_type._vnpu_original = original_type  # type: ignore[attr-defined]
-    get_device_type.__doc__ = original_type.__doc__
+    _marked(get_device_type, original_type)
     ir.get_device_type = get_device_type
 
     original_inner = lowering._make_reduction_inner
@@ -171,19 +197,16 @@ def _fix_logical_index_reductions() -> None:
                       reduction_type=reduction_type)
         if reduction_type not in _ARG_REDUCTIONS or not _is_vnpu_node(x):
             return original_inner(x, **kwargs)
-        _as_cpu.active = True
-        try:
+        with _set(_as_cpu, "active", True):
             return original_inner(x, **kwargs)
-        finally:
-            _as_cpu.active = False
 
-    _make_reduction_inner._vnpu_original = original_inner  # type: ignore[attr-defined]
+    _marked(_make_reduction_inner, original_inner)
     lowering._make_reduction_inner = _make_reduction_inner
 
 
 def _fix_cpu_heuristics() -> None:
     import sympy
-    from torch._inductor import config, ir, lowering
+    from torch._inductor import config, lowering
     from torch._inductor.utils import sympy_product
 
     original_two_step = lowering.use_two_step_variance
@@ -201,7 +224,7 @@ def _fix_cpu_heuristics() -> None:
         return (isinstance(numel, sympy.Integer) and int(numel) <= config.cpp.use_two_step_variance_threshold
                 and sympy_product(inner["ranges"]) != 1)
 
-    use_two_step_variance._vnpu_original = original_two_step  # type: ignore[attr-defined]
+    _marked(use_two_step_variance, original_two_step)
     lowering.use_two_step_variance = use_two_step_variance
 
     from torch._inductor import utils
@@ -236,8 +259,7 @@ def _fix_layout_opt() -> None:
             return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
         return original(gm, is_inference=is_inference)
 
-    decide_layout_opt._vnpu_original = original  # type: ignore[attr-defined]
-    decide_layout_opt.__doc__ = original.__doc__
+    _marked(decide_layout_opt, original)
     GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
 
 
@@ -255,8 +277,7 @@ def _fix_division_by_constant() -> None:
         # div_prim's only question: "is the divisor a constant?"; for vnpu the CPU's answer (divide).
         return None if getattr(_dividing_on_vnpu, "active", False) else original_constant(x)
 
-    get_constant_value._vnpu_original = original_constant  # type: ignore[attr-defined]
-    get_constant_value.__doc__ = original_constant.__doc__
+    _marked(get_constant_value, original_constant)
     lowering.get_constant_value = get_constant_value
 
     original_div = lowering.div_prim  # the registered lowering (aten.div's lowering calls it by name too)
@@ -264,17 +285,12 @@ def _fix_division_by_constant() -> None:
     def div_prim(a, b):
         if not _is_vnpu_node(a):
             return original_div(a, b)
-        _dividing_on_vnpu.active = True
-        try:
+        with _set(_dividing_on_vnpu, "active", True):
             return original_div(a, b)
-        finally:
-            _dividing_on_vnpu.active = False
 
-    div_prim._vnpu_original = original_div  # type: ignore[attr-defined]
+    _marked(div_prim, original_div)
     lowering.div_prim = div_prim
-    for key, fn in list(lowering.lowerings.items()):
-        if fn is original_div:
-            lowering.lowerings[key] = div_prim
+    _replace_lowering(original_div, div_prim)
 
 
 def _fix_pointwise_cat() -> None:
@@ -290,8 +306,7 @@ def _fix_pointwise_cat() -> None:
             return original(inputs, dim)
         return ir.TensorBox(ir.ConcatKernel.create(inputs, dim))
 
-    pointwise_cat._vnpu_original = original  # type: ignore[attr-defined]
-    pointwise_cat.__doc__ = original.__doc__
+    _marked(pointwise_cat, original)
     lowering.pointwise_cat = pointwise_cat
 
 
@@ -305,8 +320,7 @@ def _fix_pointwise_device() -> None:
     def is_gpu(device: str | None) -> bool:
         return device == _DEVICE or original(device)
 
-    is_gpu._vnpu_original = original  # type: ignore[attr-defined]
-    is_gpu.__doc__ = original.__doc__
+    _marked(is_gpu, original)
     lowering.is_gpu = is_gpu
 
     from torch._inductor import ir
@@ -337,19 +351,14 @@ def _on_the_tensors_device(lower: Callable) -> Callable:
         device = next((a.get_device() for a in args if _is_vnpu_node(a)), None)
         if device is None or _is_vnpu_node(self):
             return lower(self, *args, **kwargs)
-        before = getattr(_pointwise_device, "device", None)
-        _pointwise_device.device = device
-        try:
+        with _set(_pointwise_device, "device", device):
             return lower(self, *args, **kwargs)
-        finally:
-            _pointwise_device.device = before
 
-    wrapper._vnpu_original = lower  # type: ignore[attr-defined]
+    _marked(wrapper, lower)
     return wrapper
 
 
 def _fix_convolution_bias() -> None:
-    from torch._inductor import lowering
     from torch._inductor.kernel import conv
 
     original = conv.convolution
@@ -360,19 +369,12 @@ def _fix_convolution_bias() -> None:
     def convolution(x, weight, bias, *args, **kwargs):
         if not _is_vnpu_node(x):
             return original(x, weight, bias, *args, **kwargs)
-        before = getattr(_as_cpu, "active", False)
-        _as_cpu.active = True
-        try:
+        with _set(_as_cpu, "active", True):
             return original(x, weight, bias, *args, **kwargs)
-        finally:
-            _as_cpu.active = before
 
-    convolution._vnpu_original = original  # type: ignore[attr-defined]
-    convolution.__doc__ = original.__doc__
+    _marked(convolution, original)
     conv.convolution = convolution
-    for key, fn in list(lowering.lowerings.items()):
-        if fn is original:
-            lowering.lowerings[key] = convolution
+    _replace_lowering(original, convolution)
 
 
 def _eager_norm_stats_dtype(input, *params):
@@ -400,8 +402,7 @@ def _fix_norm_statistics() -> None:
             mean, rstd = mean.to(input.dtype), rstd.to(input.dtype)  # CPU's kernel: input dtype
         return out, mean, rstd
 
-    native_layer_norm._vnpu_original = original_ln  # type: ignore[attr-defined]
-    native_layer_norm.__doc__ = original_ln.__doc__
+    _marked(native_layer_norm, original_ln)
     refs.native_layer_norm = native_layer_norm  # the fake impl calls it by this name
     inductor_decomposition.decomp_native_layer_norm = native_layer_norm
     op = torch.ops.aten.native_layer_norm.default
@@ -421,7 +422,7 @@ def _fix_norm_statistics() -> None:
         dtype = _eager_norm_stats_dtype(input, weight, bias, running_mean, running_var)
         return output, save_mean.to(dtype), save_rstd.to(dtype), new_mean, new_var
 
-    native_batch_norm_helper._vnpu_original = original_bn  # type: ignore[attr-defined]
+    _marked(native_batch_norm_helper, original_bn)
     decompositions.native_batch_norm_helper = native_batch_norm_helper
 
 
@@ -435,7 +436,7 @@ def _fix_combo_kernels() -> None:
     def group_nodes_for_combo_kernels(scheduler):
         return [g for g in original(scheduler) if not any(_is_vnpu_node(n) for n in g)]
 
-    group_nodes_for_combo_kernels._vnpu_original = original  # type: ignore[attr-defined]
+    _marked(group_nodes_for_combo_kernels, original)
     ForeachKernelSchedulerNode.group_nodes_for_combo_kernels = staticmethod(group_nodes_for_combo_kernels)
 
 
