@@ -140,6 +140,9 @@ def test_port_mode_mappings_in_process(tmp_path):
         facts["alloc"] = torch.cuda.memory_allocated() == torch.vnpu.memory_allocated() > 0
         facts["string_compare"] = torch.ones(1, device="cuda").device.type == "cuda"
         facts["torch_internal_sees_real_cuda"] = torch.cuda.amp.common.amp_definitely_not_available()
+        torch.cuda.set_sync_debug_mode("warn")
+        facts["sync_debug_mode"] = [torch.vnpu.get_sync_debug_mode(), torch.cuda.get_sync_debug_mode()]
+        torch.cuda.set_sync_debug_mode(0)
         print(json.dumps(facts))
     """
     proc = _run(["-c", textwrap.dedent(code)], tmp_path)
@@ -148,7 +151,7 @@ def test_port_mode_mappings_in_process(tmp_path):
         "factory": "vnpu1", "device_obj": "vnpu", "to": "vnpu", "to_obj": 1, "tensor_cuda": "vnpu:1",
         "module_cuda": "vnpu", "module_to": "vnpu", "like": "vnpu", "count": True, "stream": "vnpu", "seed": True,
         "autocast": "torch.bfloat16", "cuda_amp_autocast": "torch.float16", "scaler": "vnpu", "load": "vnpu",
-        "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True,
+        "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True, "sync_debug_mode": [1, 1],
     }
 
 

@@ -1132,7 +1132,7 @@ class VNPUAllocator final : public c10::DeviceAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     auto s = getCurrentVNPUStream();
     VNPU_CHECK(vnpuMemcpyAsync(dest, src, count, vnpuMemcpyDeviceToDevice, s.stream()));
-    s.synchronize();
+    VNPU_CHECK(vnpuStreamSynchronize(s.stream()));  // as CUDA's cudaMemcpy here: no sync debug report
   }
   // As CUDA's: false until the device is initialized, so that torch.accelerator.memory_* answer
   // without initializing it.

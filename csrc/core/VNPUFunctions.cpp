@@ -56,4 +56,30 @@ void device_synchronize(DeviceIndex device) {
 
 bool is_in_bad_fork() { return vnpuIsInBadFork() != 0; }
 
+std::atomic<int>& sync_debug_mode_state() {
+  static std::atomic<int> mode{static_cast<int>(SyncDebugMode::L_DISABLED)};
+  return mode;
+}
+
+void set_sync_debug_mode(SyncDebugMode mode) {
+  sync_debug_mode_state().store(static_cast<int>(mode), std::memory_order_relaxed);
+}
+
+namespace {
+thread_local bool sync_reported = false;
+}  // namespace
+
+SyncReportedGuard::SyncReportedGuard() : prev_(sync_reported) { sync_reported = true; }
+SyncReportedGuard::~SyncReportedGuard() { sync_reported = prev_; }
+
+void warn_or_error_on_sync(const std::string& what, bool as_on_cuda) {
+  const SyncDebugMode mode = get_sync_debug_mode();
+  if (mode == SyncDebugMode::L_DISABLED || sync_reported) return;
+  if (mode == SyncDebugMode::L_ERROR && as_on_cuda) {
+    TORCH_CHECK(false, "called a synchronizing vnpu operation: ", what,
+                ". torch.vnpu.set_sync_debug_mode(\"warn\") reports it without raising, \"default\" allows it.");
+  }
+  TORCH_WARN("called a synchronizing vnpu operation: ", what);
+}
+
 }  // namespace c10::vnpu

@@ -81,7 +81,10 @@ int VNPUStream::priority() const {
 
 bool VNPUStream::query() const { return vnpuStreamQuery(stream()) == vnpuSuccess; }
 
-void VNPUStream::synchronize() const { VNPU_CHECK(vnpuStreamSynchronize(stream())); }
+void VNPUStream::synchronize() const {
+  check_sync("Stream.synchronize()");  // as CUDA's stream_synchronize
+  VNPU_CHECK(vnpuStreamSynchronize(stream()));
+}
 
 VNPUStream getStreamFromPool(int priority, DeviceIndex device) {
   device = resolve_device(device);

@@ -43,6 +43,7 @@ class VNPUStream {
   // True if all submitted work has completed.
   bool query() const;
   // Waits for all submitted work; raises pending kernel errors (RuntimeError).
+  // Reported by the sync debug mode, as CUDAStream::synchronize.
   void synchronize() const;
 
  private:

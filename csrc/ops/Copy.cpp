@@ -4,6 +4,7 @@
 #include "Executor.h"
 #include "WorkerWarnings.h"
 #include "../core/VNPUException.h"
+#include "../core/VNPUFunctions.h"
 #include "../core/VNPUStream.h"
 #include "../sanitizer/Sanitizer.h"
 
@@ -18,6 +19,7 @@
 namespace at::vnpu {
 namespace {
 
+using c10::vnpu::check_sync;
 using c10::vnpu::getCurrentVNPUStream;
 
 // True when a byte copy of the storage span is the whole element copy.
@@ -113,7 +115,7 @@ void device_to_device(Tensor& dst, const Tensor& src) {
 // allocator's cache until it has run, as for a non_blocking copy.
 void synchronize_or_record(const Tensor& pinned, const c10::vnpu::VNPUStream& stream) {
   try {
-    stream.synchronize();
+    VNPU_CHECK(vnpuStreamSynchronize(stream.stream()));  // reported once, by copy_
   } catch (...) {
     record_pinned(pinned, stream);
     throw;
@@ -132,7 +134,8 @@ void host_to_device(Tensor& dst, const Tensor& src, bool non_blocking) {
   c10::DeviceGuard guard(dst.device());
   auto stream = getCurrentVNPUStream(dst.device().index());
   host_to_device_queued(dst, src, non_blocking, stream);
-  if (!non_blocking) stream.synchronize();  // (a pinned same-layout copy was waited for already: idle now)
+  // (a pinned same-layout copy was waited for already: idle now)
+  if (!non_blocking) VNPU_CHECK(vnpuStreamSynchronize(stream.stream()));
 }
 
 void host_to_device_queued(Tensor& dst, const Tensor& src, bool non_blocking,
@@ -217,6 +220,10 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
     at::assert_no_internal_overlap(dst);
     if (src_dev) at::assert_no_partial_overlap(dst, src);
   }
+  // As CUDA's memcpy_and_sync: a blocking copy to or from the host waits for the stream.
+  if (dst_dev != src_dev && !non_blocking)
+    check_sync(dst_dev ? "a blocking copy to vnpu (torch.tensor(..., device=), .to(), copy_)"
+                       : "a blocking copy to the host (.cpu(), .tolist(), .numpy(), printing, .to())");
   Tensor s = src.expand_as(dst);  // broadcasting rules and errors of copy_
   materialize_for_write(dst);     // Note [Copy-on-write storages]
   if (dst_dev && src_dev) device_to_device(dst, s);
@@ -229,6 +236,7 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
 Scalar local_scalar_dense(const Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
+  check_sync("aten::_local_scalar_dense (.item(), bool(t), int(t), float(t))");
   Tensor host = at::empty({}, self.options().device(kCPU));
   c10::DeviceGuard guard(self.device());
   auto stream = getCurrentVNPUStream(self.device().index());

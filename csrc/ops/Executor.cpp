@@ -1056,7 +1056,10 @@ void apply_layout(const Tensor& t, const TensorMeta& m) {
   }
 }
 
-void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev);
+// `vnpu_reason`: why an op CUDA runs asynchronously waits here (null: it waits on CUDA too), for
+// torch.vnpu.set_sync_debug_mode.
+void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev,
+              const char* vnpu_reason = nullptr);
 
 void set_lazy_bits(const Tensor& t, const TensorMeta& m) {
   if (t.is_conj() != m.conj) t._set_conj(m.conj);
@@ -1103,7 +1106,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     if (!args[i].isTensor() || !args[i].toTensor().defined() || info.mutable_arg[i]) continue;
     const Tensor& t = args[i].toTensor();
     if (t.numel() == 0 || (info.index_arg[i] && !isIntegralType(t.scalar_type(), true)))
-      return run_sync(op, info, stack, dev);
+      return run_sync(op, info, stack, dev, t.numel() == 0 ? "an empty input" : "an index of a non-integer dtype");
   }
   MetaQuery q = infer_meta(op, info, args);
   std::shared_ptr<const MetaResult> meta = q.meta;
@@ -1116,7 +1119,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
     const bool ran_sync = !cpu;
     if (ran_sync) {
       std::vector<IValue> args_before(args.begin(), args.end());
-      run_sync(op, info, stack, dev);
+      run_sync(op, info, stack, dev, "its first call with these input layouts");
       cpu = observed_meta(info, torch::jit::last(*stack, schema.returns().size()), args_before);
     }
     bool trusted = q.mode == MetaMode::Validate && same_result(*q.meta, *cpu);
@@ -1133,7 +1136,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   }
   if (meta->sync) {
     if (!meta->reason.empty()) record_fallback(info.name, meta->reason);
-    return run_sync(op, info, stack, dev);
+    // No reason: a boolean-mask index, whose output shape depends on the data (as on CUDA).
+    return run_sync(op, info, stack, dev, meta->reason.empty() ? nullptr : meta->reason.c_str());
   }
   for (const auto& [i, m] : meta->mutated) apply_layout(args[i].toTensor(), m);
 
@@ -1202,10 +1206,18 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
 }
 
 // Runs the CPU kernel on the calling thread after synchronizing the stream.
-void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev,
+              const char* vnpu_reason) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
+  if (C10_UNLIKELY(c10::vnpu::get_sync_debug_mode() != c10::vnpu::SyncDebugMode::L_DISABLED)) {
+    c10::vnpu::warn_or_error_on_sync(
+        vnpu_reason ? info.name + " (ran synchronously on vnpu: " + vnpu_reason + "; CUDA would not wait here)"
+                    : info.name + " (its output depends on the data, or it checks data on the host, as on CUDA)",
+        vnpu_reason == nullptr);
+  }
+  c10::vnpu::SyncReportedGuard reported;  // the copies back below are part of this wait
   if (vnpuError_t err = vnpuStreamSynchronize(c10::vnpu::getCurrentVNPUStream(dev).stream());
       err == vnpuErrorStreamCaptureUnsupported) {
     // Name the op: "vnpuStreamSynchronize" alone does not tell which line of a model did it.
@@ -1442,7 +1454,7 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
     case Path::InplaceView:
       return run_view(op, info, stack, dev);
     case Path::Sync:
-      return run_sync(op, info, stack, dev);
+      return run_sync(op, info, stack, dev, info.slow_reason.empty() ? nullptr : info.slow_reason.c_str());
     case Path::Async:
       return run_async(op, info, stack, dev);
   }

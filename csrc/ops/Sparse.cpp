@@ -33,6 +33,7 @@
 #include "Executor.h"
 #include "OpStats.h"
 #include "WorkerWarnings.h"
+#include "../core/VNPUException.h"
 #include "../core/VNPUFunctions.h"
 #include "../core/VNPUStream.h"
 #include "../sanitizer/Sanitizer.h"
@@ -361,7 +362,11 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* 
   const DeviceIndex dev = call_device(op, args);
   c10::DeviceGuard guard(Device(kVNPU, dev));
   op_counter(op).fetch_add(1, std::memory_order_relaxed);
-  c10::vnpu::getCurrentVNPUStream(dev).synchronize();
+  if (C10_UNLIKELY(c10::vnpu::get_sync_debug_mode() != c10::vnpu::SyncDebugMode::L_DISABLED))
+    c10::vnpu::warn_or_error_on_sync(schema.name() + " on sparse vnpu tensors (ran synchronously on vnpu)",
+                                     /*as_on_cuda=*/false);
+  c10::vnpu::SyncReportedGuard reported;
+  VNPU_CHECK(vnpuStreamSynchronize(c10::vnpu::getCurrentVNPUStream(dev).stream()));
   flush_worker_warnings();  // Note [Worker warnings]: the stream has run up to here
   // The CPU kernels read and write device memory on this thread: See Note [Synchronous kernels under check 4].
   sanitizer::HostKernelGuard device_access;

@@ -138,6 +138,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_device", &c10::vnpu::set_device);
   m.def("_exchange_device", &c10::vnpu::ExchangeDevice);
   m.def("_is_in_bad_fork", &c10::vnpu::is_in_bad_fork);
+  m.def("_set_sync_debug_mode", [](int64_t mode) {
+    TORCH_CHECK(mode >= 0 && mode <= 2, "invalid value of debug_mode, expected one of 0,1,2");
+    c10::vnpu::set_sync_debug_mode(static_cast<c10::vnpu::SyncDebugMode>(mode));
+  });
+  m.def("_get_sync_debug_mode", [] { return static_cast<int>(c10::vnpu::get_sync_debug_mode()); });
   m.def("_synchronize", [](c10::DeviceIndex d) { c10::vnpu::device_synchronize(d); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_get_device_properties", [](c10::DeviceIndex d) {

@@ -54,6 +54,8 @@ _CUDA_REPLACEMENTS = {
     "graph": "torch.get_device_module(device).graph(g) (torch.vnpu.graph on vnpu)",
     "make_graphed_callables": "torch.get_device_module(device).make_graphed_callables(...)",
     "nvtx": "torch.profiler.record_function(name) (a profiler range on any device)",
+    "set_sync_debug_mode": "torch.get_device_module(device).set_sync_debug_mode(mode) (torch.vnpu has it)",
+    "get_sync_debug_mode": "torch.get_device_module(device).get_sync_debug_mode()",
 }
 
 # What ``from <module> import *`` binds that the check knows about.

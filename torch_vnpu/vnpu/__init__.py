@@ -75,7 +75,7 @@ __all__ = [
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
     "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
-    "synchronize",
+    "synchronize", "set_sync_debug_mode", "get_sync_debug_mode",
 ] + _storage_all
 
 _initialized = False  # this process called _C._init() (the runtime's own flag is the truth)
@@ -210,6 +210,41 @@ def synchronize(device: _device_t = None) -> None:
     _C._synchronize(_get_device_index(device))
     for message, deprecation in _C._take_worker_warnings():
         warnings.warn(message, DeprecationWarning if deprecation else UserWarning, stacklevel=2)
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: Union[int, str]) -> None:
+    """Reports host waits on vnpu work (as ``torch.cuda.set_sync_debug_mode``), to find what stalls a loop.
+
+    debug_mode: ``"default"``/0 (allow), ``"warn"``/1 (a ``UserWarning`` "called a synchronizing vnpu
+    operation: <what>" at each), ``"error"``/2 (``RuntimeError`` with that text, raised before the wait, so
+    nothing is lost). Process-wide, all threads and devices.
+
+    Reported, as on CUDA: blocking copies between vnpu and the host (``.cpu()``, ``.tolist()``, printing,
+    ``torch.tensor(..., device="vnpu")``, ``copy_`` without ``non_blocking=True``), ``.item()`` /
+    ``bool(t)``, ``Stream.synchronize()``, and ops whose output depends on the data or that check data
+    on the host (``nonzero``, boolean-mask indexing, ``unique``, ...). Not reported, as on CUDA:
+    ``torch.vnpu.synchronize()`` and ``Event.synchronize()`` (waits asked for explicitly) and collectives.
+    Waits only vnpu makes (an op's first call with new input layouts, an empty input, sparse tensors)
+    are reported as warnings in both modes, so code that runs under CUDA's ``"error"`` runs here.
+
+    Raises RuntimeError for another string ("invalid value of debug_mode, expected one of `default`,
+    `warn`, `error`"), a non-int ("invalid argument to set_sync_debug_mode") or an int outside 0-2.
+    """
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    if not isinstance(debug_mode, int) or isinstance(debug_mode, bool):
+        raise RuntimeError("invalid argument to set_sync_debug_mode")
+    _C._set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The mode :func:`set_sync_debug_mode` set: 0 (default), 1 (warn) or 2 (error), as ``torch.cuda``."""
+    return _C._get_sync_debug_mode()
 
 
 class _DeviceProperties(NamedTuple):
