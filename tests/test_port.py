@@ -143,6 +143,9 @@ def test_port_mode_mappings_in_process(tmp_path):
         torch.cuda.set_sync_debug_mode("warn")
         facts["sync_debug_mode"] = [torch.vnpu.get_sync_debug_mode(), torch.cuda.get_sync_debug_mode()]
         torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        facts["memory_fraction"] = [torch.vnpu.get_per_process_memory_fraction(),
+                                    torch.cuda.memory.get_per_process_memory_fraction()]
         print(json.dumps(facts))
     """
     proc = _run(["-c", textwrap.dedent(code)], tmp_path)
@@ -152,6 +155,7 @@ def test_port_mode_mappings_in_process(tmp_path):
         "module_cuda": "vnpu", "module_to": "vnpu", "like": "vnpu", "count": True, "stream": "vnpu", "seed": True,
         "autocast": "torch.bfloat16", "cuda_amp_autocast": "torch.float16", "scaler": "vnpu", "load": "vnpu",
         "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True, "sync_debug_mode": [1, 1],
+        "memory_fraction": [0.5, 0.5],
     }
 
 

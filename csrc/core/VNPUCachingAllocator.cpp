@@ -424,6 +424,24 @@ class DeviceCachingAllocator {
                            ? -1 : static_cast<int64_t>(cfg_.max_split_size);
     return s;
   }
+  void set_memory_fraction(double fraction) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    fraction_ = fraction;
+    set_fraction_ = true;
+    allowed_max_ = static_cast<size_t>(fraction * static_cast<double>(capacity_));
+  }
+  double memory_fraction() {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    return fraction_;
+  }
+
+  // True (and remembered for the OOM message) if reserving `n` more bytes would pass the fraction's limit.
+  bool over_limit(size_t n) {
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    limit_hit_ = set_fraction_ && stats_.reserved_bytes[agg].current + n > allowed_max_;
+    return limit_hit_;
+  }
+
   void reset_peak() {
     std::lock_guard<std::recursive_mutex> g(mu_);
     for_all_stats([](auto& s) { s.reset_peak(); });
@@ -680,6 +698,7 @@ class DeviceCachingAllocator {
   // `for_graph`: a segment of a graph's pool, taken while its capture is underway: allowed in any
   // capture mode (as CUDA's allocator relaxes the thread's mode around cudaMalloc then).
   vnpuError_t device_malloc(void** ptr, size_t n, bool for_graph) {
+    if (over_limit(n)) return vnpuErrorMemoryAllocation;
     DeviceIndex prev = ExchangeDevice(device_);
     vnpuStreamCaptureMode mode = vnpuStreamCaptureModeRelaxed;
     if (for_graph) vnpuThreadExchangeStreamCaptureMode(&mode);
@@ -704,7 +723,11 @@ class DeviceCachingAllocator {
     std::string advice =
         "Free tensors you no longer need, lower the batch size, or raise VNPU_MEMORY_PER_DEVICE (bytes; K/M/G "
         "suffixes).";
-    if (contiguous && free_b >= needed) {
+    if (limit_hit_) {
+      advice = c10::str("The process's limit (torch.vnpu.set_per_process_memory_fraction(", fraction_, ") on vnpu:",
+                        int(device_), ") is reached: raise the fraction, or free tensors you no longer need or "
+                        "lower the batch size.");
+    } else if (contiguous && free_b >= needed) {
       // Enough memory is free, but not in one piece: a classic segment needs one contiguous range.
       advice = "The free memory is fragmented: no contiguous range of " + format_size(needed) +
                " is free for a new segment, although " + format_size(free_b) +
@@ -719,7 +742,8 @@ class DeviceCachingAllocator {
     PendingOom p;
     p.message = c10::str("vNPU out of memory. Tried to allocate ", format_size(orig), ". vnpu:", int(device_),
                          " has a total capacity of ", format_size(total), " of which ", format_size(free_b),
-                         " is free. Of the allocated memory ", format_size(allocated),
+                         " is free. ", set_fraction_ ? format_size(allowed_max_) + " allowed; " : std::string(),
+                         "Of the allocated memory ", format_size(allocated),
                          " is allocated by PyTorch, and ", format_size(reserved - allocated),
                          " is reserved by PyTorch but unallocated (reserved in total: ", format_size(reserved),
                          "). ", advice);
@@ -830,6 +854,9 @@ class DeviceCachingAllocator {
       covered += b->mapped ? b->size : bytes;
     }
     // Physical pages first (one handle each), then mappings; undo everything on a failure.
+    size_t new_bytes = 0;
+    for (const Piece& p : run) new_bytes += p.bytes;
+    if (over_limit(new_bytes)) return vnpuErrorMemoryAllocation;
     std::vector<std::pair<char*, size_t>> mapped;  // (address, bytes) mapped so far
     auto undo = [&] {
       for (auto [at, n] : mapped) vnpuMemUnmap(at, n);
@@ -1072,6 +1099,12 @@ class DeviceCachingAllocator {
   const AllocatorConfig& cfg_;
   size_t capacity_ = 0;           // bytes of the device
   bool use_expandable_ = false;
+  // set_per_process_memory_fraction (CUDA's set_fraction / allowed_memory_maximum): segments and
+  // mapped pages together stay within allowed_max_ bytes; limit_hit_: the last refusal was the limit's.
+  double fraction_ = 1.0;
+  bool set_fraction_ = false;
+  size_t allowed_max_ = 0;
+  bool limit_hit_ = false;
   std::recursive_mutex mu_;  // guards everything below
   BlockPool small_{true}, large_{false};
   // See Note [Graph memory pools]: pools by id, and the captures allocating now (pool id, which streams).
@@ -1189,6 +1222,11 @@ void endAllocateToPool(DeviceIndex device, MempoolId_t id) { device_allocator(de
 void releasePool(DeviceIndex device, MempoolId_t id) { device_allocator(device).release_pool(id); }
 
 void resetPeakStats(DeviceIndex d) { device_allocator(d).reset_peak(); }
+void setMemoryFraction(double fraction, DeviceIndex d) {
+  TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction: ", fraction, ". Please set within [0, 1].");
+  device_allocator(d).set_memory_fraction(fraction);
+}
+double getMemoryFraction(DeviceIndex d) { return device_allocator(d).memory_fraction(); }
 void resetAccumulatedStats(DeviceIndex d) { device_allocator(d).reset_accumulated(); }
 
 SnapshotInfo snapshot() {

@@ -47,6 +47,11 @@ void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(
 void endAllocateToPool(DeviceIndex device, MempoolId_t id);
 void releasePool(DeviceIndex device, MempoolId_t id);
 void resetPeakStats(DeviceIndex device);
+// torch.vnpu.set_per_process_memory_fraction (CUDA's setMemoryFraction): from now on, the device memory
+// the allocator reserves on `device` (segments, mapped pages) stays within fraction x capacity; a request
+// past it first releases cached memory, then raises OutOfMemoryError. Throws for a fraction outside [0, 1].
+void setMemoryFraction(double fraction, DeviceIndex device);
+double getMemoryFraction(DeviceIndex device);
 void resetAccumulatedStats(DeviceIndex device);
 
 // Memory history and snapshots (torch.cuda.memory._record_memory_history / _snapshot): see

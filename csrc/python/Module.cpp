@@ -202,6 +202,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_empty_cache", &c10::vnpu::allocator::emptyCache, py::call_guard<py::gil_scoped_release>());
   m.def("_memory_stats", &memory_stats);
   m.def("_reset_peak_memory_stats", &c10::vnpu::allocator::resetPeakStats);
+  m.def("_set_memory_fraction", &c10::vnpu::allocator::setMemoryFraction);
+  m.def("_get_memory_fraction", &c10::vnpu::allocator::getMemoryFraction);
   m.def("_reset_accumulated_memory_stats", &c10::vnpu::allocator::resetAccumulatedStats);
   m.def("_mem_get_info", [](c10::DeviceIndex d) { return c10::vnpu::allocator::get()->getMemoryInfo(d); });
   // Parses an allocator configuration as if PYTORCH_VNPU_ALLOC_CONF held it (tests; the allocator itself

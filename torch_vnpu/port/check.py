@@ -56,6 +56,7 @@ _CUDA_REPLACEMENTS = {
     "nvtx": "torch.profiler.record_function(name) (a profiler range on any device)",
     "set_sync_debug_mode": "torch.get_device_module(device).set_sync_debug_mode(mode) (torch.vnpu has it)",
     "get_sync_debug_mode": "torch.get_device_module(device).get_sync_debug_mode()",
+    "set_per_process_memory_fraction": "torch.get_device_module(device).set_per_process_memory_fraction(f)",
 }
 
 # What ``from <module> import *`` binds that the check knows about.

@@ -23,6 +23,7 @@ from .memory import (
     get_fallback_ops,
     get_executed_ops,
     get_extra_copy_ops,
+    get_per_process_memory_fraction,
     max_memory_allocated,
     max_memory_reserved,
     mem_get_info,
@@ -35,6 +36,7 @@ from .memory import (
     reset_max_memory_allocated,
     reset_op_stats,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
 from .random import (
     default_generators,
@@ -75,7 +77,8 @@ __all__ = [
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
     "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
-    "synchronize", "set_sync_debug_mode", "get_sync_debug_mode",
+    "synchronize", "set_sync_debug_mode", "get_sync_debug_mode", "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction",
 ] + _storage_all
 
 _initialized = False  # this process called _C._init() (the runtime's own flag is the truth)

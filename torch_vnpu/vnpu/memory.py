@@ -82,6 +82,34 @@ def mem_get_info(device=None) -> Tuple[int, int]:
     return int(free), int(total)
 
 
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Limits the device memory this process's caching allocator reserves on ``device`` (default: the
+    current one) to ``fraction`` x its capacity (``VNPU_MEMORY_PER_DEVICE``), as
+    ``torch.cuda.set_per_process_memory_fraction``: a request past the limit first releases cached blocks,
+    then raises ``torch.OutOfMemoryError`` ("... N allowed; ...", naming the limit). Memory reserved
+    already stays; the limit applies to what is reserved next.
+
+    Raises TypeError for a ``fraction`` that is not a float, ValueError outside 0~1 (CUDA's messages).
+    """
+    from . import _lazy_init
+
+    _lazy_init()
+    index = _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C._set_memory_fraction(fraction, index)
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction :func:`set_per_process_memory_fraction` set for ``device`` (1.0 if never set)."""
+    from . import _lazy_init
+
+    _lazy_init()
+    return _C._get_memory_fraction(_index(device))
+
+
 def memory_snapshot() -> list:
     """Segments and blocks of every device, in the layout of ``torch.cuda.memory_snapshot()``: the
     ``"segments"`` of :func:`_snapshot` (with stacks while memory history is recorded)."""
