@@ -160,3 +160,44 @@ def test_blocking_copy_from_pinned_source_returns_after_the_copy():
         refill = torch.full((4096,), -2.0).pin_memory()  # may reuse the freed pinned block
         assert torch.equal(d.cpu(), ref)
         del refill
+
+
+def test_host_memory_stats_count_pinned_blocks_as_torch_cuda():
+    """torch.vnpu.host_memory_stats: torch.cuda's keys and accounting (sizes rounded up to a power of two;
+    a freed block stays allocated in the cache until the cache is emptied)."""
+    import gc
+
+    from torch_vnpu import _C
+
+    gc.collect()
+    torch.vnpu.synchronize()
+    _C._host_empty_cache()
+    torch.vnpu.reset_peak_host_memory_stats()
+    base = torch.vnpu.host_memory_stats()
+    assert {"num_host_alloc", "num_host_free", "allocations.current", "allocated_bytes.peak",
+            "active_requests.freed", "active_bytes.allocated", "host_alloc_time.avg",
+            "host_free_time.count"} <= set(base)
+    assert torch.vnpu.host_memory_stats_as_nested_dict()["allocated_bytes"]["current"] == base[
+        "allocated_bytes.current"]
+
+    def delta(key):
+        return torch.vnpu.host_memory_stats()[key] - base[key]
+
+    a = torch.empty(10, dtype=torch.uint8, pin_memory=True)
+    b = torch.empty(20, dtype=torch.uint8, pin_memory=True)
+    assert (delta("allocations.current"), delta("allocated_bytes.current"), delta("num_host_alloc")) == (2, 48, 2)
+    assert (delta("active_requests.current"), delta("active_bytes.current")) == (2, 48)
+    del a
+    gc.collect()
+    assert (delta("active_requests.current"), delta("active_bytes.current")) == (1, 32)
+    assert delta("allocated_bytes.current") == 48  # cached, still the allocator's
+    _C._host_empty_cache()
+    assert (delta("allocated_bytes.current"), delta("num_host_free"), delta("allocations.freed")) == (32, 1, 1)
+    assert torch.vnpu.host_memory_stats()["allocated_bytes.peak"] >= base["allocated_bytes.current"] + 48
+    torch.vnpu.reset_peak_host_memory_stats()
+    assert torch.vnpu.host_memory_stats()["allocated_bytes.peak"] == base["allocated_bytes.current"] + 32
+    torch.vnpu.reset_accumulated_host_memory_stats()
+    s = torch.vnpu.host_memory_stats()
+    assert (s["allocations.allocated"], s["allocations.freed"], s["allocated_bytes.current"]) == (
+        0, 0, base["allocated_bytes.current"] + 32)
+    del b

@@ -146,6 +146,7 @@ def test_port_mode_mappings_in_process(tmp_path):
         torch.cuda.set_per_process_memory_fraction(0.5)
         facts["memory_fraction"] = [torch.vnpu.get_per_process_memory_fraction(),
                                     torch.cuda.memory.get_per_process_memory_fraction()]
+        facts["host_memory_stats"] = "num_host_alloc" in torch.cuda.host_memory_stats()
         print(json.dumps(facts))
     """
     proc = _run(["-c", textwrap.dedent(code)], tmp_path)
@@ -155,7 +156,7 @@ def test_port_mode_mappings_in_process(tmp_path):
         "module_cuda": "vnpu", "module_to": "vnpu", "like": "vnpu", "count": True, "stream": "vnpu", "seed": True,
         "autocast": "torch.bfloat16", "cuda_amp_autocast": "torch.float16", "scaler": "vnpu", "load": "vnpu",
         "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True, "sync_debug_mode": [1, 1],
-        "memory_fraction": [0.5, 0.5],
+        "memory_fraction": [0.5, 0.5], "host_memory_stats": True,
     }
 
 

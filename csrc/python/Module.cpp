@@ -79,6 +79,30 @@ py::dict memory_stats(c10::DeviceIndex device) {
   return d;
 }
 
+// Nested dict in the layout of torch.cuda.host_memory_stats_as_nested_dict() (pinned host memory).
+py::dict host_memory_stats() {
+  const at::HostStats s = at::vnpu::getVNPUHostAllocator()->get_stats();
+  auto timing = [](const c10::CachingAllocator::DurationStat& t) {
+    py::dict d;
+    d["total"] = t.total;
+    d["max"] = t.max;
+    d["min"] = t.min;
+    d["count"] = t.count;
+    d["avg"] = t.count == 0 ? 0 : t.total / t.count;
+    return d;
+  };
+  py::dict d;
+  d["num_host_alloc"] = s.num_host_alloc;
+  d["num_host_free"] = s.num_host_free;
+  d["allocations"] = stat_dict(s.allocations);
+  d["allocated_bytes"] = stat_dict(s.allocated_bytes);
+  d["active_requests"] = stat_dict(s.active_requests);
+  d["active_bytes"] = stat_dict(s.active_bytes);
+  d["host_alloc_time"] = timing(s.host_alloc_time);
+  d["host_free_time"] = timing(s.host_free_time);
+  return d;
+}
+
 // See Note [Interrupts are not failures]: a Python exception that is a
 // BaseException but not an Exception (KeyboardInterrupt, SystemExit).
 // Python kernels (Meta kernels registered from Python) raise pybind11's
@@ -221,6 +245,9 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_host_empty_cache", [] { at::vnpu::getVNPUHostAllocator()->empty_cache(); });
+  m.def("_host_memory_stats", &host_memory_stats);
+  m.def("_host_reset_accumulated_stats", [] { at::vnpu::getVNPUHostAllocator()->reset_accumulated_stats(); });
+  m.def("_host_reset_peak_stats", [] { at::vnpu::getVNPUHostAllocator()->reset_peak_stats(); });
   // _record_memory_history, _memory_snapshot, _memory_snapshot_full, _attach_out_of_memory_observer.
   torch_vnpu::bind_memory_history(m);
 

@@ -64,6 +64,8 @@ _FORWARDED = (
     "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats", "mem_get_info",
     "current_stream", "default_stream", "set_stream", "stream", "ipc_collect", "set_sync_debug_mode",
     "get_sync_debug_mode", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "host_memory_stats", "host_memory_stats_as_nested_dict", "reset_accumulated_host_memory_stats",
+    "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
 )
 _CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of")
 # torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from

@@ -24,6 +24,8 @@ from .memory import (
     get_executed_ops,
     get_extra_copy_ops,
     get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
     max_memory_allocated,
     max_memory_reserved,
     mem_get_info,
@@ -31,10 +33,13 @@ from .memory import (
     memory_reserved,
     memory_snapshot,
     memory_stats,
+    memory_stats_as_nested_dict,
     memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
     reset_op_stats,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
@@ -78,8 +83,14 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_op_stats", "reset_peak_memory_stats",
     "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
     "synchronize", "set_sync_debug_mode", "get_sync_debug_mode", "set_per_process_memory_fraction",
-    "get_per_process_memory_fraction",
+    "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
+    "OutOfMemoryError", "AcceleratorError",
 ] + _storage_all
+
+# As torch.cuda's names for them (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError).
+OutOfMemoryError = torch.OutOfMemoryError
+AcceleratorError = torch.AcceleratorError
 
 _initialized = False  # this process called _C._init() (the runtime's own flag is the truth)
 _init_lock = threading.Lock()

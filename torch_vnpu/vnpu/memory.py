@@ -82,6 +82,44 @@ def mem_get_info(device=None) -> Tuple[int, int]:
     return int(free), int(total)
 
 
+def host_memory_stats_as_nested_dict() -> Dict[str, Any]:
+    """Pinned host memory statistics (``torch.vnpu.host_memory_stats``) as nested dicts; ``{}`` before the
+    runtime is initialized, as ``torch.cuda``'s."""
+    if not _C._is_initialized():
+        return {}
+    return _C._host_memory_stats()
+
+
+def host_memory_stats() -> "collections.OrderedDict[str, int]":
+    """The pinned host memory allocator's statistics in ``torch.cuda.host_memory_stats``'s flat format:
+    ``allocations`` / ``allocated_bytes`` (blocks the allocator owns, cached ones included; sizes rounded up to
+    a power of two), ``active_requests`` / ``active_bytes`` (blocks handed out), each ``.current``, ``.peak``,
+    ``.allocated``, ``.freed``; ``num_host_alloc`` / ``num_host_free`` (blocks created / returned) and
+    ``host_alloc_time`` / ``host_free_time`` (``.total``, ``.max``, ``.min``, ``.count``, ``.avg``, µs)."""
+    result = []
+
+    def add(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                add(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            result.append((prefix, obj))
+
+    add("", host_memory_stats_as_nested_dict())
+    result.sort()
+    return collections.OrderedDict(result)
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Resets the ``allocated`` / ``freed`` counters and timing totals of :func:`host_memory_stats`."""
+    _C._host_reset_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Resets the ``peak`` values of :func:`host_memory_stats` to the current ones."""
+    _C._host_reset_peak_stats()
+
+
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     """Limits the device memory this process's caching allocator reserves on ``device`` (default: the
     current one) to ``fraction`` x its capacity (``VNPU_MEMORY_PER_DEVICE``), as
