@@ -367,6 +367,21 @@ class DeviceCachingAllocator {
     block->stream_uses.clear();
   }
 
+  // torch.vnpu.caching_allocator_alloc: a block for `stream`, owned by the caller.
+  void* raw_alloc(size_t n, vnpuStream_t stream) {
+    if (n == 0) return nullptr;
+    return malloc(n, stream)->ptr;
+  }
+  // torch.vnpu.caching_allocator_delete: as free_ptr, but an unknown pointer is the caller's error.
+  void raw_delete(void* ptr) {
+    {
+      std::lock_guard<std::recursive_mutex> g(mu_);
+      TORCH_CHECK(active_.count(ptr) != 0, "invalid device pointer: ", ptr,
+                  " (not the start of a block of the caching allocator that is still allocated)");
+    }
+    free_ptr(ptr);
+  }
+
   // Frees the block that starts at `ptr` (the DataPtr's deleter).
   void free_ptr(void* ptr) {
     Context context = maybe_gather(RecordContext::ALL);  // before the lock: See Note [Memory history]
@@ -1227,6 +1242,19 @@ void setMemoryFraction(double fraction, DeviceIndex d) {
   device_allocator(d).set_memory_fraction(fraction);
 }
 double getMemoryFraction(DeviceIndex d) { return device_allocator(d).memory_fraction(); }
+
+void* rawAlloc(size_t n, vnpuStream_t stream) {
+  int device = -1;
+  VNPU_CHECK(vnpuStreamGetDevice(stream, &device));
+  return device_allocator(static_cast<DeviceIndex>(device)).raw_alloc(n, stream);
+}
+
+void rawDelete(void* ptr) {
+  if (ptr == nullptr) return;
+  int device = -1;
+  TORCH_CHECK(vnpuPointerGetDevice(&device, ptr) == vnpuSuccess && device >= 0, "invalid device pointer: ", ptr);
+  device_allocator(static_cast<DeviceIndex>(device)).raw_delete(ptr);
+}
 void resetAccumulatedStats(DeviceIndex d) { device_allocator(d).reset_accumulated(); }
 
 SnapshotInfo snapshot() {

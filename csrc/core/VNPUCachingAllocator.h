@@ -52,6 +52,11 @@ void resetPeakStats(DeviceIndex device);
 // past it first releases cached memory, then raises OutOfMemoryError. Throws for a fraction outside [0, 1].
 void setMemoryFraction(double fraction, DeviceIndex device);
 double getMemoryFraction(DeviceIndex device);
+// torch.vnpu.caching_allocator_alloc / _delete (CUDA's raw_alloc_with_stream / raw_delete): `n` bytes
+// from the caching allocator of `stream`'s device, for `stream` (nullptr for 0 bytes); the caller frees them
+// with rawDelete, which raises for a pointer that is not such a live block.
+void* rawAlloc(size_t n, vnpuStream_t stream);
+void rawDelete(void* ptr);
 void resetAccumulatedStats(DeviceIndex device);
 
 // Memory history and snapshots (torch.cuda.memory._record_memory_history / _snapshot): see

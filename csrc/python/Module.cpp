@@ -227,6 +227,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_stats", &memory_stats);
   m.def("_reset_peak_memory_stats", &c10::vnpu::allocator::resetPeakStats);
   m.def("_set_memory_fraction", &c10::vnpu::allocator::setMemoryFraction);
+  m.def("_caching_allocator_alloc", [](size_t n, c10::DeviceIndex d, uintptr_t handle) {
+    c10::vnpu::check_device_index(d);
+    auto stream = reinterpret_cast<vnpuStream_t>(handle);
+    TORCH_CHECK_VALUE(handle != 0 && c10::vnpu::streamIdOf(d, stream) >= 0, "stream handle ", handle,
+                      " is not a stream of vnpu:", int(d), ": pass a torch.vnpu.Stream of that device or its "
+                      ".vnpu_stream");
+    return reinterpret_cast<uintptr_t>(c10::vnpu::allocator::rawAlloc(n, stream));
+  });
+  m.def("_caching_allocator_delete", [](uintptr_t ptr) { c10::vnpu::allocator::rawDelete(reinterpret_cast<void*>(ptr)); });
   m.def("_get_memory_fraction", &c10::vnpu::allocator::getMemoryFraction);
   m.def("_reset_accumulated_memory_stats", &c10::vnpu::allocator::resetAccumulatedStats);
   m.def("_mem_get_info", [](c10::DeviceIndex d) { return c10::vnpu::allocator::get()->getMemoryInfo(d); });

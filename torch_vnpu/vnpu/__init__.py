@@ -19,6 +19,8 @@ from .. import _C
 from . import amp, graphs, memory, random, streams  # noqa: F401
 from .graphs import VNPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from .memory import (
+    caching_allocator_alloc,
+    caching_allocator_delete,
     empty_cache,
     get_fallback_ops,
     get_executed_ops,
@@ -85,7 +87,7 @@ __all__ = [
     "synchronize", "set_sync_debug_mode", "get_sync_debug_mode", "set_per_process_memory_fraction",
     "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
-    "OutOfMemoryError", "AcceleratorError",
+    "OutOfMemoryError", "AcceleratorError", "caching_allocator_alloc", "caching_allocator_delete",
 ] + _storage_all
 
 # As torch.cuda's names for them (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError).

@@ -6,6 +6,8 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
+
 from .. import _C
 
 
@@ -118,6 +120,35 @@ def reset_accumulated_host_memory_stats() -> None:
 def reset_peak_host_memory_stats() -> None:
     """Resets the ``peak`` values of :func:`host_memory_stats` to the current ones."""
     _C._host_reset_peak_stats()
+
+
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """``size`` bytes of device memory from the caching allocator, as ``torch.cuda.caching_allocator_alloc``:
+    returns the address (int; 0 for 0 bytes), usable on ``stream`` (a ``torch.vnpu.Stream`` or its
+    ``vnpu_stream`` handle; default the device's current stream), freed with
+    :func:`caching_allocator_delete`. Counted in ``memory_allocated()``. Raises ``torch.OutOfMemoryError``
+    when the device is full, TypeError for another kind of ``stream``, ValueError for a stream of another
+    device."""
+    from . import _lazy_init, current_stream
+
+    _lazy_init()
+    index = _index(device)
+    if stream is None:
+        stream = current_stream(index)
+    if isinstance(stream, torch.Stream):
+        if stream.device.type != "vnpu" or stream.device.index != index:
+            raise ValueError(f"stream {stream} is not a stream of vnpu:{index}")
+        stream = _C._stream_handle(stream.stream_id, stream.device_index, stream.device_type)
+    if not isinstance(stream, int) or isinstance(stream, bool):
+        raise TypeError("Invalid type for stream argument, must be `torch.vnpu.Stream` or `int` representing a "
+                        "pointer to a existing stream")
+    return _C._caching_allocator_alloc(size, index, stream)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Frees memory from :func:`caching_allocator_alloc` (``torch.cuda.caching_allocator_delete``): the block goes
+    back to the cache in the order of its stream. RuntimeError for an address that is not such a live block."""
+    _C._caching_allocator_delete(mem_ptr)
 
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
