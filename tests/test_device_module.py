@@ -653,3 +653,17 @@ def test_torch_accelerator_reports_vnpu():
         finally:
             torch.accelerator.set_device_index(0)
     assert v.current_device() == 0
+
+
+def test_peer_access_and_tf32_answers():
+    n = torch.vnpu.device_count()
+    assert torch.vnpu.can_device_access_peer(0, 0) is False  # CUDA's answer for a device and itself
+    if n > 1:
+        assert torch.vnpu.can_device_access_peer(0, 1) and torch.vnpu.can_device_access_peer("vnpu:1", "vnpu:0")
+        a = torch.arange(6.0, device="vnpu:0")
+        assert torch.equal(a.to("vnpu:1").cpu(), torch.arange(6.0))  # the access it promises
+    with pytest.raises(AssertionError, match="Invalid peer device id"):
+        torch.vnpu.can_device_access_peer(0, n)
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.vnpu.can_device_access_peer(n, 0)
+    assert torch.vnpu.is_tf32_supported() is False

@@ -88,6 +88,7 @@ __all__ = [
     "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
     "OutOfMemoryError", "AcceleratorError", "caching_allocator_alloc", "caching_allocator_delete",
+    "is_tf32_supported", "can_device_access_peer",
 ] + _storage_all
 
 # As torch.cuda's names for them (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError).
@@ -297,6 +298,30 @@ def get_device_capability(device: _device_t = None) -> tuple:
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """bfloat16 is supported natively (kernels are ATen's CPU kernels)."""
     return True
+
+
+def is_tf32_supported() -> bool:
+    """False: float32 matmuls and convolutions run CPU's float32 kernels, with no TF32 mode (as
+    ``torch.cuda.is_tf32_supported()`` on a GPU before Ampere)."""
+    return False
+
+
+def can_device_access_peer(device: _device_t, peer_device: _device_t) -> bool:
+    """Whether ``device`` can read and write ``peer_device``'s memory directly (``torch.cuda``'s, which asks
+    ``cudaDeviceCanAccessPeer``): True for two different vnpu devices (they share the host's memory; copies
+    between them run without staging), False for a device and itself, as CUDA answers.
+
+    Raises AssertionError ("Invalid device id" / "Invalid peer device id") for an index outside the visible
+    devices, as ``torch.cuda``.
+    """
+    _lazy_init()
+    device = _get_device_index(device, optional=True)
+    peer_device = _get_device_index(peer_device)
+    if device < 0 or device >= device_count():
+        raise AssertionError("Invalid device id")
+    if peer_device < 0 or peer_device >= device_count():
+        raise AssertionError("Invalid peer device id")
+    return device != peer_device
 
 
 def get_amp_supported_dtype() -> list:
