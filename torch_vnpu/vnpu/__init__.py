@@ -11,7 +11,7 @@ per device: ``VNPU_MEMORY_PER_DEVICE`` (bytes, K/M/G suffixes; default 8G).
 import atexit
 import threading
 import warnings
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Union
 
 import torch
 
