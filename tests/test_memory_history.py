@@ -4,6 +4,7 @@ PyTorch's own torch.cuda._memory_viz (which must render the snapshot), and for C
 
 Recording is process-wide, so every test turns it off again (the `history` fixture)."""
 import base64
+import gc
 import json
 import os
 import pickle
@@ -299,6 +300,7 @@ def test_out_of_memory_observer_and_oom_event(history, tmp_path):
 
 
 def test_accelerator_memory_functions_answer_for_vnpu():
+    gc.collect()  # tensors an earlier test left in a reference cycle would be freed between two queries
     torch.ones(1000, device="vnpu").sum().item()
     keep = torch.empty(3 * MiB, dtype=torch.uint8, device="vnpu")
     acc = torch.accelerator

@@ -4,6 +4,7 @@ Oracle: CUDA's behaviour (c10/cuda warns or raises in memcpy_and_sync and stream
 .item(), Stream.synchronize(), ops whose output depends on the data; not in torch.cuda.synchronize() or
 Event.synchronize()) and CPU's values for the results of the operations that were allowed to run.
 """
+import gc
 import threading
 import warnings
 
@@ -17,6 +18,7 @@ PREFIX = "called a synchronizing vnpu operation"
 def _mode_restored():
     yield
     torch.vnpu.set_sync_debug_mode(0)
+    gc.collect()  # pytest.raises' traceback keeps the test's tensors in a cycle until collected
 
 
 def reports(fn):
