@@ -47,7 +47,14 @@ def test_streams_devices_and_bad_arguments():
         torch.vnpu.caching_allocator_delete(x.data_ptr() + 4)  # inside a block, not a raw block's start
     with pytest.raises(RuntimeError, match="invalid device pointer"):
         torch.vnpu.caching_allocator_delete(12345)
-    assert x.sum().item() == 8.0  # nothing lost
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.vnpu.caching_allocator_delete(x.data_ptr())  # a tensor's own block is not the caller's to free
+    y = torch.zeros(8, device="vnpu")  # would have taken x's block
+    assert x.sum().item() == 8.0 and y.sum().item() == 0.0  # nothing lost
+    r = torch.vnpu.caching_allocator_alloc(64)
+    torch.vnpu.caching_allocator_delete(r)
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.vnpu.caching_allocator_delete(r)  # twice
 
 
 def test_a_raw_block_past_the_memory_limit_raises_out_of_memory():

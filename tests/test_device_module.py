@@ -666,4 +666,6 @@ def test_peer_access_and_tf32_answers():
         torch.vnpu.can_device_access_peer(0, n)
     with pytest.raises(AssertionError, match="Invalid device id"):
         torch.vnpu.can_device_access_peer(n, 0)
+    with pytest.raises(ValueError):
+        torch.vnpu.can_device_access_peer(0, None)  # the peer must be named, as torch.cuda
     assert torch.vnpu.is_tf32_supported() is False

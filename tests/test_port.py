@@ -143,9 +143,10 @@ def test_port_mode_mappings_in_process(tmp_path):
         torch.cuda.set_sync_debug_mode("warn")
         facts["sync_debug_mode"] = [torch.vnpu.get_sync_debug_mode(), torch.cuda.get_sync_debug_mode()]
         torch.cuda.set_sync_debug_mode(0)
-        torch.cuda.set_per_process_memory_fraction(0.5)
+        torch.cuda.set_per_process_memory_fraction(0.5, "cuda:0")  # CUDA device arguments map to vnpu
         facts["memory_fraction"] = [torch.vnpu.get_per_process_memory_fraction(),
-                                    torch.cuda.memory.get_per_process_memory_fraction()]
+                                    torch.cuda.memory.get_per_process_memory_fraction(torch.device("cuda", 0))]
+        facts["peer"] = torch.cuda.can_device_access_peer(0, 1) == (torch.vnpu.device_count() > 1)
         facts["host_memory_stats"] = "num_host_alloc" in torch.cuda.host_memory_stats()
         print(json.dumps(facts))
     """
@@ -156,7 +157,7 @@ def test_port_mode_mappings_in_process(tmp_path):
         "module_cuda": "vnpu", "module_to": "vnpu", "like": "vnpu", "count": True, "stream": "vnpu", "seed": True,
         "autocast": "torch.bfloat16", "cuda_amp_autocast": "torch.float16", "scaler": "vnpu", "load": "vnpu",
         "alloc": True, "string_compare": False, "torch_internal_sees_real_cuda": True, "sync_debug_mode": [1, 1],
-        "memory_fraction": [0.5, 0.5], "host_memory_stats": True,
+        "memory_fraction": [0.5, 0.5], "host_memory_stats": True, "peer": True,
     }
 
 

@@ -370,14 +370,18 @@ class DeviceCachingAllocator {
   // torch.vnpu.caching_allocator_alloc: a block for `stream`, owned by the caller.
   void* raw_alloc(size_t n, vnpuStream_t stream) {
     if (n == 0) return nullptr;
-    return malloc(n, stream)->ptr;
+    void* p = malloc(n, stream)->ptr;
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    raw_blocks_.insert(p);
+    return p;
   }
   // torch.vnpu.caching_allocator_delete: as free_ptr, but an unknown pointer is the caller's error.
   void raw_delete(void* ptr) {
     {
       std::lock_guard<std::recursive_mutex> g(mu_);
-      TORCH_CHECK(active_.count(ptr) != 0, "invalid device pointer: ", ptr,
-                  " (not the start of a block of the caching allocator that is still allocated)");
+      // Only blocks of caching_allocator_alloc: a tensor's block freed here would be reused under it.
+      TORCH_CHECK(raw_blocks_.erase(ptr) != 0, "invalid device pointer: ", ptr,
+                  " (not an address caching_allocator_alloc returned and caching_allocator_delete did not free)");
     }
     free_ptr(ptr);
   }
@@ -1127,6 +1131,7 @@ class DeviceCachingAllocator {
   std::vector<std::pair<MempoolId_t, std::function<bool(vnpuStream_t)>>> captures_underway_;
   std::vector<Block*> deferred_until_no_capture_;  // freed blocks waiting for their stream-use events
   ska::flat_hash_map<void*, Block*> active_;           // allocated blocks by pointer
+  std::set<void*> raw_blocks_;                         // the ones caching_allocator_alloc handed out
   std::set<Block*> segments_;                          // first block of each classic segment
   // (stream, small) -> its expandable segments, oldest first
   std::map<std::pair<vnpuStream_t, bool>, std::vector<std::unique_ptr<ExpandableSegment>>> expandable_;

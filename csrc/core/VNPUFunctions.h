@@ -36,7 +36,7 @@ inline SyncDebugMode get_sync_debug_mode() {
 void set_sync_debug_mode(SyncDebugMode mode);
 // Warns or raises ("called a synchronizing vnpu operation: <what>") per the mode.
 // `as_on_cuda`: false for waits only vnpu makes (an op's first call with new
-// layouts, ...): those warn in both modes, so code clean under CUDA's "error" runs.
+// layouts, ...): those warn in "warn" only, so code clean under CUDA's "error" runs.
 void warn_or_error_on_sync(const std::string& what, bool as_on_cuda = true);
 inline void check_sync(const char* what, bool as_on_cuda = true) {
   if (C10_UNLIKELY(get_sync_debug_mode() != SyncDebugMode::L_DISABLED)) warn_or_error_on_sync(what, as_on_cuda);

@@ -66,7 +66,7 @@ _FORWARDED = (
     "get_sync_debug_mode", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "host_memory_stats", "host_memory_stats_as_nested_dict", "reset_accumulated_host_memory_stats",
     "reset_peak_host_memory_stats", "memory_stats_as_nested_dict", "caching_allocator_alloc",
-    "caching_allocator_delete",
+    "caching_allocator_delete", "can_device_access_peer",
 )
 _CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of")
 # torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from

@@ -9,6 +9,7 @@ per device: ``VNPU_MEMORY_PER_DEVICE`` (bytes, K/M/G suffixes; default 8G).
 """
 
 import atexit
+import operator
 import threading
 import warnings
 from typing import Any, NamedTuple, Union
@@ -129,11 +130,19 @@ def _lazy_init() -> None:
         _initialized = True
 
 
+def _port_mode_enabled() -> bool:
+    from ..port import _cuda
+
+    return _cuda.is_enabled()
+
+
 def _get_device_index(device: _device_t, optional: bool = True) -> int:
     """Index of ``device`` (torch.device, 'vnpu:1', int, or None for the current device)."""
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
+        if device.type == "cuda" and _port_mode_enabled():  # torch.cuda.*(..., "cuda:1") under port mode
+            device = torch.device("vnpu", device.index)
         if device.type != "vnpu":
             raise ValueError(f"Expected a vnpu device, but got: {device}")
         device = device.index
@@ -245,7 +254,7 @@ def set_sync_debug_mode(debug_mode: Union[int, str]) -> None:
     on the host (``nonzero``, boolean-mask indexing, ``unique``, ...). Not reported, as on CUDA:
     ``torch.vnpu.synchronize()`` and ``Event.synchronize()`` (waits asked for explicitly) and collectives.
     Waits only vnpu makes (an op's first call with new input layouts, an empty input, sparse tensors)
-    are reported as warnings in both modes, so code that runs under CUDA's ``"error"`` runs here.
+    are reported as warnings in ``"warn"`` only, so code that runs under CUDA's ``"error"`` runs here.
 
     Raises RuntimeError for another string ("invalid value of debug_mode, expected one of `default`,
     `warn`, `error`"), a non-int ("invalid argument to set_sync_debug_mode") or an int outside 0-2.
@@ -254,8 +263,12 @@ def set_sync_debug_mode(debug_mode: Union[int, str]) -> None:
         if debug_mode not in _SYNC_DEBUG_MODES:
             raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
         debug_mode = _SYNC_DEBUG_MODES[debug_mode]
-    if not isinstance(debug_mode, int) or isinstance(debug_mode, bool):
+    if isinstance(debug_mode, bool):
         raise RuntimeError("invalid argument to set_sync_debug_mode")
+    try:
+        debug_mode = operator.index(debug_mode)  # ints, numpy ints (as CUDA's THPUtils_checkLong)
+    except TypeError:
+        raise RuntimeError("invalid argument to set_sync_debug_mode") from None
     _C._set_sync_debug_mode(debug_mode)
 
 
@@ -316,7 +329,7 @@ def can_device_access_peer(device: _device_t, peer_device: _device_t) -> bool:
     """
     _lazy_init()
     device = _get_device_index(device, optional=True)
-    peer_device = _get_device_index(peer_device)
+    peer_device = _get_device_index(peer_device, optional=False)
     if device < 0 or device >= device_count():
         raise AssertionError("Invalid device id")
     if peer_device < 0 or peer_device >= device_count():

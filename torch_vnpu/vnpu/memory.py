@@ -97,7 +97,7 @@ def host_memory_stats() -> "collections.OrderedDict[str, int]":
     ``allocations`` / ``allocated_bytes`` (blocks the allocator owns, cached ones included; sizes rounded up to
     a power of two), ``active_requests`` / ``active_bytes`` (blocks handed out), each ``.current``, ``.peak``,
     ``.allocated``, ``.freed``; ``num_host_alloc`` / ``num_host_free`` (blocks created / returned) and
-    ``host_alloc_time`` / ``host_free_time`` (``.total``, ``.max``, ``.min``, ``.count``, ``.avg``, µs)."""
+    ``host_alloc_time`` / ``host_free_time`` (torch.cuda's keys; not timed on vnpu yet: 0)."""
     result = []
 
     def add(prefix: str, obj: Any) -> None:
