@@ -33,6 +33,11 @@ def memory_stats_as_nested_dict(device=None) -> Dict[str, Any]:
 def memory_stats(device=None) -> "collections.OrderedDict[str, int]":
     """Allocator statistics in the flat format of ``torch.cuda.memory_stats``
     (e.g. ``allocated_bytes.all.current``, ``reserved_bytes.all.peak``, ``num_ooms``)."""
+    return _flatten(memory_stats_as_nested_dict(device))
+
+
+def _flatten(nested: Dict[str, Any]) -> "collections.OrderedDict[str, int]":
+    """Nested statistics as torch.cuda's flat, sorted ``a.b.c`` keys."""
     result = []
 
     def add(prefix: str, obj: Any) -> None:
@@ -42,7 +47,7 @@ def memory_stats(device=None) -> "collections.OrderedDict[str, int]":
         else:
             result.append((prefix, obj))
 
-    add("", memory_stats_as_nested_dict(device))
+    add("", nested)
     result.sort()
     return collections.OrderedDict(result)
 
@@ -98,18 +103,7 @@ def host_memory_stats() -> "collections.OrderedDict[str, int]":
     a power of two), ``active_requests`` / ``active_bytes`` (blocks handed out), each ``.current``, ``.peak``,
     ``.allocated``, ``.freed``; ``num_host_alloc`` / ``num_host_free`` (blocks created / returned) and
     ``host_alloc_time`` / ``host_free_time`` (torch.cuda's keys; not timed on vnpu yet: 0)."""
-    result = []
-
-    def add(prefix: str, obj: Any) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                add(f"{prefix}.{k}" if prefix else k, v)
-        else:
-            result.append((prefix, obj))
-
-    add("", host_memory_stats_as_nested_dict())
-    result.sort()
-    return collections.OrderedDict(result)
+    return _flatten(host_memory_stats_as_nested_dict())
 
 
 def reset_accumulated_host_memory_stats() -> None:
