@@ -515,3 +515,46 @@ def test_make_graphed_callables_matches_eager_training():
         assert torch.equal(a.grad.cpu(), a_ref.grad.cpu())
     model.eval()  # not the captured mode: the original forward runs
     assert torch.equal(model(x).cpu(), ref.eval()(x).cpu())
+
+
+def test_optimizer_step_capture_needs_capturable_as_on_cuda():
+    # torch.optim checks capture only for cuda/xpu; without vnpu's check a capturable=False Adam was captured and
+    # its replays reused the capture step's bias corrections (parameters silently off by ~4e-2 after 5 replays).
+    import copy
+
+    model = _mlp().to("vnpu")
+    x = torch.randn(4, 16, device="vnpu")
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        assert torch.accelerator.current_stream().is_capturing()  # torch.Stream's query, as torch.optim asks
+    assert not torch.accelerator.current_stream().is_capturing()
+
+    def step(m, opt):
+        opt.zero_grad(set_to_none=False)
+        m(x).square().sum().backward()
+        opt.step()
+
+    plain = torch.optim.Adam(model.parameters(), lr=0.1)
+    _warmup(step, model, plain)
+    before = [p.detach().cpu() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="capturable is False"):
+        with torch.vnpu.graph(torch.vnpu.VNPUGraph()):
+            step(model, plain)
+    assert all(torch.equal(a, p.detach().cpu()) for a, p in zip(before, model.parameters()))
+
+    # capturable=True: replays equal eager steps bitwise, the step counters advance on the device.
+    model = _mlp().to("vnpu")
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, capturable=True)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.1, capturable=True)
+    _warmup(step, model, opt)
+    _warmup(step, ref, ref_opt)
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        step(model, opt)
+    for _ in range(4):  # the capture itself ran nothing
+        g.replay()
+        step(ref, ref_opt)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.detach().cpu(), q.detach().cpu())
+        assert opt.state[p]["step"].item() == ref_opt.state[q]["step"].item() == 6

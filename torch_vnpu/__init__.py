@@ -88,6 +88,9 @@ def _register() -> None:
     from . import _cpu_policies
 
     _cpu_policies.register(_BACKEND)
+    from . import _optim_capture
+
+    _optim_capture.install(_BACKEND)  # capturing step() of a capturable=False optimizer raises, as on CUDA
     from ._inductor import lazy
 
     lazy.install()  # torch.compile support, registered on first use (no Dynamo/Inductor import here)

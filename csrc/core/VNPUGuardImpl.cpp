@@ -98,6 +98,13 @@ double VNPUGuardImpl::elapsedTime(void* start, void* end, const DeviceIndex) con
 
 bool VNPUGuardImpl::queryStream(const Stream& stream) const { return VNPUStream(stream).query(); }
 
+// torch.Stream.is_capturing() and torch.accelerator's capture checks (e.g. torch.optim's) ask here.
+bool VNPUGuardImpl::isStreamCapturing(const Stream& stream) const {
+  vnpuStreamCaptureStatus status = vnpuStreamCaptureStatusNone;
+  VNPU_CHECK(vnpuStreamIsCapturing(VNPUStream(stream).stream(), &status));
+  return status != vnpuStreamCaptureStatusNone;
+}
+
 void VNPUGuardImpl::synchronizeStream(const Stream& stream) const {
   VNPUStream(stream).synchronize();
 }

@@ -31,6 +31,7 @@ struct VNPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const DeviceIndex device_index) const override;
 
   bool queryStream(const Stream& stream) const override;
+  bool isStreamCapturing(const Stream& stream) const override;
   void synchronizeStream(const Stream& stream) const override;
   void synchronizeDevice(const DeviceIndex device_index) const override;
   void recordDataPtrOnStream(const DataPtr& data_ptr, const Stream& stream) const override;

@@ -11,8 +11,8 @@ Random ops draw new numbers at every replay (the generator advances as it would 
 inside the capture (``torch.vnpu.synchronize()``, ``.item()``, ``.cpu()``, printing a tensor, an op whose output
 shape depends on the data) or a copy from pageable host memory raises ``torch.AcceleratorError`` ("operation not
 permitted when stream is capturing") and invalidates the capture; ``capture_end()`` then raises too and the
-graph may be reset and captured again. Capture happens on one stream: work forked to other streams through
-events or ``wait_stream`` raises (no cross-stream capture). See docs/graphs.md.
+graph may be reset and captured again. Work forked to other streams through events or ``wait_stream`` joins the
+capture and must be joined back before it ends (cross-stream capture, as CUDA's). See docs/graphs.md.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
                                    allow_unused=allow_unused_input)
 
     # Warm-up on a side stream keeps lazy initialisation out of the captures. The captures use the same stream:
-    # autograd nodes made during the warm-up (a parameter's AccumulateGrad) remember their stream, and a backward
-    # across two streams would need cross-stream capture, which vnpu graphs do not do.
+    # autograd nodes made during the warm-up (a parameter's AccumulateGrad) remember their stream, and one stream
+    # keeps the backward's capture free of forks.
     side = Stream()
     synchronize()
     with stream_context(side):
