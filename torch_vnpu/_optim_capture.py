@@ -2,10 +2,10 @@
 
 An optimizer built with ``capturable=False`` (the default) keeps its step counters as CPU tensors and computes
 its bias corrections on the host, so a graph that captures its ``step()`` replays the capture step's corrections
-and never advances the counters: the parameters go silently wrong. On CUDA and XPU ``Optimizer.step()`` raises instead
-(``Optimizer._accelerator_graph_capture_health_check``), but torch 2.13 runs that check only for those two
-device types. This module runs the same check, with the same RuntimeError, when the current accelerator is vnpu.
-Upstream fix that removes this file: key the check on ``torch.accelerator`` capture support, not a type list.
+and never advances the counters: the parameters go silently wrong. On CUDA and XPU ``Optimizer.step()`` raises
+instead (``Optimizer._accelerator_graph_capture_health_check``), but torch 2.13 runs that check only for those
+two device types. This module runs the same check, with the same RuntimeError, when the current accelerator is
+vnpu. Upstream fix that removes this file: key the check on ``torch.accelerator`` capture support, not a type list.
 """
 import functools
 
@@ -21,12 +21,10 @@ def install(device_type: str) -> None:
 
     @functools.wraps(original)
     def _accelerator_graph_capture_health_check(self: Optimizer) -> None:
-        original(self)
-        if torch.compiler.is_compiling():
-            return  # as torch's: Inductor decides about graphs of compiled steps itself
+        # torch's check does nothing for vnpu, and under compile Inductor decides about graphs itself.
         accelerator = torch.accelerator.current_accelerator(check_available=True)
-        if accelerator is None or accelerator.type != device_type:
-            return
+        if accelerator is None or accelerator.type != device_type or torch.compiler.is_compiling():
+            return original(self)
         if torch.accelerator.current_stream().is_capturing() and not all(
             group["capturable"] for group in self.param_groups
         ):
