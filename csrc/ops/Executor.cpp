@@ -179,6 +179,7 @@ struct OpInfo {
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
   bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
   bool meta_lacks_checks = false;           // Note [Checks Meta kernels lack]
+  int inplace_self = -1;                    // a mutable `self` an in-place op must not resize
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
   int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
@@ -277,6 +278,24 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
     info.slow_reason = "no Meta kernel to infer output metadata: ran synchronously";
   }
   info.meta_lacks_checks = meta_lacks_checks(info.name);
+  // Note [In-place ops never resize self]
+  // CPU's in-place kernels raise "output with shape [..] doesn't match the
+  // broadcast shape [..]" when the result would not fit `self`, and so does
+  // TensorIterator for an out= tensor that is also an input (composite
+  // in-place ops such as logical_and_ call logical_and.out(self, other,
+  // out=self)). Some Meta kernels (Python references written as out= +
+  // resize) resize the meta `self` instead, with only a deprecation warning,
+  // and meta arguments lose the identity of repeated tensors. Once a dtype
+  // signature is trusted the Meta kernel alone decides (Note [Meta kernels are
+  // checked against CPU]), and vnpu resized `self` and filled it. So a Meta
+  // result that changes the sizes of an in-place op's `self`, or of an out=
+  // tensor also passed as an input, runs the CPU kernel synchronously, which
+  // raises CPU's own error. Ops whose job is to resize (resize_, set_, the
+  // in-place views) are not in-place ops in this sense.
+  if (!schema.arguments().empty() && schema.arguments()[0].name() == "self" && info.mutable_arg[0] &&
+      info.path == Path::Async && schema.name().find("resize") == std::string::npos &&
+      schema.name() != "aten::set_")
+    info.inplace_self = 0;
   if (const char* arg = host_checks_data(info.name); arg != nullptr && *arg != '\0') {
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == arg) info.sync_if_arg = static_cast<int>(i);
@@ -788,6 +807,19 @@ bool same_meta(const TensorMeta& a, const TensorMeta& b) {
   return true;
 }
 
+// Whether the tensor of mutable argument `i` is passed as another argument too
+// (TensorIterator's "output is also an input": it may not be resized).
+bool is_also_input(ArrayRef<IValue> args, size_t i) {
+  const c10::TensorImpl* impl = args[i].toTensor().unsafeGetTensorImpl();
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (j == i) continue;
+    if (args[j].isTensor() && args[j].toTensor().unsafeGetTensorImpl() == impl) return true;
+    if (args[j].isTensorList())
+      for (const Tensor t : args[j].toTensorList()) if (t.unsafeGetTensorImpl() == impl) return true;
+  }
+  return false;
+}
+
 // Output metadata of `op` on `args`, from the cache or the Meta kernel.
 MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValue> args) {
   const auto& schema = op.schema();
@@ -867,6 +899,14 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   for (size_t i = 0; i < args.size(); ++i) {
     if (info.mutable_arg[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
       result->mutated.emplace_back(i, tensor_meta(meta_args[i].toTensor()));
+  }
+  // See Note [In-place ops never resize self].
+  for (const auto& [i, m] : result->mutated) {
+    const Tensor& t = args[i].toTensor();
+    if (t.sizes().equals(m.sizes) || !(static_cast<int>(i) == info.inplace_self || is_also_input(args, i))) continue;
+    result->sync = true;
+    result->mutated.clear();
+    break;
   }
   q.meta = result;
   // An out= argument that already has the result's shape keeps its strides
@@ -1244,10 +1284,21 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   const int64_t numel = max_numel(args);
   std::vector<Slot> slots;
   if (sanitizer::enabled()) slots.reserve(n);
+  // One vnpu tensor passed twice (logical_and_ calls logical_and.out(self,
+  // other, out=self)) stays one CPU tensor: TensorIterator tells an out=
+  // tensor that is also an input by identity, and must not resize it.
+  c10::SmallVector<std::pair<const c10::TensorImpl*, IValue>, 4> same;
   for (size_t i = 0; i < n; ++i) {
     Slot slot = make_slot(args[i], schema.arguments()[i], dev, numel);
     if (sanitizer::enabled()) slots.push_back(slot);
-    IValue v = materialize(slot, ctx);
+    const c10::TensorImpl* impl =
+        args[i].isTensor() && args[i].toTensor().defined() ? args[i].toTensor().unsafeGetTensorImpl() : nullptr;
+    IValue v;
+    for (const auto& [k, known] : same) if (impl && k == impl) v = known;
+    if (v.isNone()) {
+      v = materialize(slot, ctx);
+      if (impl) same.emplace_back(impl, v);
+    }
     if (info.mutable_arg[i] && v.isTensor() && v.toTensor().defined() && args[i].toTensor().device().type() == kVNPU)
       mutated.push_back({args[i].toTensor(), v.toTensor(), slot.specs[0].storage_base});
     s.push_back(std::move(v));

@@ -69,7 +69,10 @@ void register_cpu_kernel_overrides() {
     // CompositeExplicitAutograd kernels that call a DispatchStub or check the
     // device type themselves (found by the OpInfo sweep; their CPU siblings
     // have kernels): run them as one op on CPU aliases like any CPU kernel.
-    for (const char* name : {"mode.values", "conj_physical_"}) {
+    // addr_ passes `self` as both input and out to addr.out, whose CPU kernel
+    // tells an in-place call (and rejects a self that is not 2-D) by reference
+    // identity, which a boxed call cannot reproduce.
+    for (const char* name : {"mode.values", "conj_physical_", "addr_"}) {
       l->impl(name, torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
     }
     return l;

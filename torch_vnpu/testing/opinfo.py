@@ -71,6 +71,8 @@ ASYNC_ON_CUDA = {
 
 # Ops whose outputs contain uninitialized memory besides the has_nondeterministic_output ones.
 UNINITIALIZED_OUTPUT_OPS = {"resize_", "resize_as_"}
+# dtypes in which in-place calls that would have to resize self are checked (inplace_broadcast_case)
+INPLACE_BROADCAST_DTYPES = {"float32"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -873,6 +875,67 @@ class OpRunner:
 
         return fn
 
+    def inplace_broadcast_case(self, op, bad):
+        """The in-place variant on a sample whose broadcast shape differs from self's (`bad`), after a valid
+        in-place call with the same arguments and a self of the broadcast shape warmed whatever vnpu caches
+        per op and input layout: CPU raises "output with shape .. doesn't match the broadcast shape"; vnpu
+        must raise the same exception type at the call and leave self as it was (shape and values), never
+        resize it."""
+        torch = self.torch
+
+        def fn(rec):
+            f = op.inplace_variant
+            c = self.convert_sample(bad, torch.device("cpu"))
+            try:
+                f(c[0], *c[1], **c[2])
+                return "cpu_failed", "cpu did not raise for an in-place call whose broadcast shape differs from self's"
+            except CaseTimeout:
+                raise
+            except Exception as e:
+                cpu_exc = e
+            try:
+                full = op(c[0], *c[1], **c[2])  # the broadcast shape: a self the in-place call may write
+            except CaseTimeout:
+                raise
+            except Exception:
+                full = None
+            self.set_phase("vnpu")
+            if isinstance(full, torch.Tensor) and full.dtype == c[0].dtype:
+                w = self.convert_sample(bad, self.dev)
+                try:
+                    f(full.to(self.dev), *w[1], **w[2])
+                    self.sync()
+                except CaseTimeout:
+                    raise
+                except Exception:
+                    self.drain()  # the valid call's own failures are the forward cases' business
+            v = self.convert_sample(bad, self.dev)
+            self.sync()
+            before = v[0].detach().cpu().clone()
+            try:
+                f(v[0], *v[1], **v[2])
+            except CaseTimeout:
+                raise
+            except Exception as e:
+                if not isinstance(e, type(cpu_exc)):
+                    return "failed", f"inplace_broadcast: vnpu raised {_exc_msg(e)}; cpu raised {_exc_msg(cpu_exc)}"
+            else:
+                try:
+                    self.sync()
+                    return "failed", (f"inplace_broadcast: vnpu did not raise (self {tuple(before.shape)} -> "
+                                      f"{tuple(v[0].shape)}); cpu raised {_exc_msg(cpu_exc)}")
+                except CaseTimeout:
+                    raise
+                except Exception as e:
+                    return "failed", f"inplace_broadcast: vnpu raised only at the next synchronization ({_exc_msg(e)})"
+            self.sync()
+            after = v[0].detach().cpu()
+            if after.shape != before.shape or not torch.equal(after.nan_to_num(), before.nan_to_num()):
+                return "failed", f"inplace_broadcast: vnpu raised but changed self {tuple(before.shape)} -> {tuple(after.shape)}"
+            return "passed", None
+
+        return fn
+
     # ---------------------------------------------------------------- one OpInfo
     def layout_variants(self, key, dn, kind, src, i, s0):
         """(None, s0), then (layout, sample) for every layout of opts["layouts"] that changes s0. The layout
@@ -953,6 +1016,23 @@ class OpRunner:
                             rec = dict(op=key, dtype=dn, kind="forward", variant=variant, layout=layout, src=src,
                                        idx=i, sample=_short(getattr(s[1], "name", "") or "", 60))
                             self.run_case(rec, self.forward_case(op, variant, s, tol, meta_only_op, layout))
+
+            # ---- in-place calls whose broadcast shape is not self's, after a valid one (all samples: the
+            # broadcasting ones come late in OpInfo's lists)
+            if "inplace" in variants and dn in INPLACE_BROADCAST_DTYPES:
+                try:
+                    torch.manual_seed(0)
+                    every = [("vnpu", x) for x in op.sample_inputs("vnpu", dtype, requires_grad=False)]
+                    self.sync()
+                except CaseTimeout:
+                    raise
+                except Exception:
+                    self.drain()
+                    every = []
+                for i, bad in enumerate(x for x in every if x[1].broadcasts_input):
+                    rec = dict(op=key, dtype=dn, kind="forward", variant="inplace_broadcast", layout=None,
+                               src="sample", idx=i, sample=_short(getattr(bad[1], "name", "") or "", 60))
+                    self.run_case(rec, self.inplace_broadcast_case(op, bad))
 
             # ---- gradients
             if (not opts.get("no_grad") and dn in GRAD_DTYPES and op.supports_autograd
