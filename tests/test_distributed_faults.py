@@ -277,3 +277,119 @@ def test_vccl_check_follows_the_boolean_rule():
     for msgs, vals in res:
         assert msgs and "Ignoring invalid value for boolean flag VNPU_VCCL_CHECK: 'false'" in msgs[0], msgs
         assert vals == [3.0, 3.0]
+
+
+# ---------------------------------------------------------------- futures and waits see the failure
+
+def _absent_peer_waits(rank, ws):
+    """Rank 1 never calls; rank 0 waits on each collective in one of the ways real code does. Every one must
+    raise (DistBackendError) within a bound; none may hand back the un-reduced input."""
+    out = {}
+    names = ("future.wait", "then", "wait(timeout)", "ddp")
+    # every rank creates every group first (a group's creation waits for all its ranks)
+    groups = {n: dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2)) for n in names}
+
+    def attempt(name, fn):
+        g = groups[name]
+        if rank != 0:
+            return
+        x = torch.ones(4, device="vnpu")
+        t0 = time.perf_counter()
+        try:
+            value = fn(x, g)
+            out[name] = ("no error", value, time.perf_counter() - t0)
+        except RuntimeError as e:
+            out[name] = (type(e).__name__, str(e).splitlines()[0], time.perf_counter() - t0)
+
+    def fut_wait(x, g):
+        return dist.all_reduce(x, group=g, async_op=True).get_future().wait()[0].cpu().tolist()
+
+    seen = []
+
+    def then_cb(x, g):
+        def cb(f):
+            try:
+                return f.value()[0] * 2
+            except RuntimeError as e:
+                seen.append(type(e).__name__)
+                raise
+        return dist.all_reduce(x, group=g, async_op=True).get_future().then(cb).wait().cpu().tolist()
+
+    def wait_timeout(x, g):
+        w = dist.all_reduce(x, group=g, async_op=True)
+        w.wait(timeout=datetime.timedelta(milliseconds=500))
+        return x.cpu().tolist()
+
+    def ddp_backward(x, g):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2).to("vnpu")
+        # DDP's construction broadcasts over the group: skip it (the peer never comes), as a rank whose peer
+        # died after construction would see it.
+        ddp = DDP(m, process_group=g, init_sync=False) if "init_sync" in DDP.__init__.__code__.co_varnames \
+            else None
+        if ddp is None:
+            raise RuntimeError("skip: DDP has no init_sync")
+        ddp(x.unsqueeze(0)).sum().backward()
+        torch.vnpu.synchronize()
+        return m.weight.grad.cpu().tolist()
+
+    for name, fn in zip(names, (fut_wait, then_cb, wait_timeout, ddp_backward)):
+        attempt(name, fn)
+    out["then_callback_saw"] = seen
+    dist.barrier()  # the world group is unaffected
+    return out
+
+
+def test_futures_and_timed_waits_raise_when_a_peer_never_calls(subgroup_world):
+    """A collective whose peer never calls: get_future().wait() (what DDP's reducer does per bucket), then()
+    callbacks, wait(timeout) and DDP's backward raise within the group's timeout; the un-reduced input is never
+    returned as the result."""
+    r0 = subgroup_world.run(_absent_peer_waits)[0]
+    for name in ("future.wait", "then", "ddp"):
+        kind, msg, elapsed = r0[name]
+        # torch wraps an exception raised in a then() callback: "Got the following error when running the
+        # callback: DistBackendError: ..." (a RuntimeError), for every backend
+        assert kind == "DistBackendError" or (name == "then" and "DistBackendError" in msg), (name, r0[name])
+        assert "vccl: all_reduce" in msg and ("timed out" in msg.lower() or "did not complete" in msg), (name, msg)
+        assert elapsed < 15, (name, elapsed)
+    assert r0["then_callback_saw"] == ["DistBackendError"], r0
+    kind, msg, elapsed = r0["wait(timeout)"]
+    assert kind == "DistBackendError" and "within the wait timeout of 500 ms" in msg, r0["wait(timeout)"]
+    assert 0.4 < elapsed < 2.0, elapsed  # raised by wait() itself, not at a later synchronization
+
+
+def _dead_peer_future(rank, ws, how):
+    import signal
+    dist.barrier()
+    if rank == 1:
+        if how == "kill":
+            threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        else:
+            threading.Timer(0.5, lambda: os._exit(0)).start()
+        return None
+    time.sleep(2.0)
+    t0 = time.perf_counter()
+    x = torch.ones(4, device="vnpu")
+    try:
+        v = dist.all_reduce(x, async_op=True).get_future().wait()[0].cpu().tolist()
+        res = ("no error", v)
+    except RuntimeError as e:
+        res = (type(e).__name__, str(e).splitlines()[0])
+    # every later use of the group fails clearly
+    try:
+        dist.all_reduce(x)
+        torch.vnpu.synchronize()
+        later = "no error"
+    except RuntimeError as e:
+        later = str(e).splitlines()[0]
+    return res, later, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_dead_peer_fails_the_future_and_the_group(how):
+    res = run_world(2, _dead_peer_future, how, init_kwargs={"timeout": datetime.timedelta(seconds=10)})
+    (kind, msg), later, elapsed = res[0]
+    assert kind == "DistBackendError" and "vccl: all_reduce" in msg, (kind, msg)
+    assert "vccl: all_reduce" in later and "failed earlier" in later, later
+    assert elapsed < 20, elapsed

@@ -28,6 +28,7 @@ bool CollectiveOp::isReady() {
 
 void CollectiveOp::finish(const std::string& error, int source_rank) {
   for (auto& member : batch) member->finish(error);
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (state_ == State::kDone || state_ == State::kFailed) return;
@@ -35,8 +36,21 @@ void CollectiveOp::finish(const std::string& error, int source_rank) {
     error_ = error;
     if (source_rank >= 0) source_rank_ = source_rank;
     finished_ = Clock::now();
+    callbacks.swap(on_finish_);
   }
   cv_.notify_all();
+  for (auto& cb : callbacks) cb();
+}
+
+void CollectiveOp::onFinish(std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (state_ != State::kDone && state_ != State::kFailed) {
+      on_finish_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
 }
 
 bool CollectiveOp::waitDone(std::chrono::milliseconds timeout) {

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -90,6 +91,10 @@ struct CollectiveOp {
   bool completed();                // done or failed
   std::string error();             // "" unless failed
   int sourceRank();
+  // Runs `callback` once the op is done or failed (at once, here, if it is);
+  // otherwise on the thread that finishes it, so it must be short and must not
+  // take the GIL (FutureCompletion only wakes its thread).
+  void onFinish(std::function<void()> callback);
   Clock::time_point issued = Clock::now();
   float durationMs();              // issue to completion, -1 if not completed
 
@@ -100,6 +105,7 @@ struct CollectiveOp {
   std::string error_;
   int source_rank_ = -1;
   Clock::time_point finished_;
+  std::vector<std::function<void()>> on_finish_;
 };
 
 using OpPtr = std::shared_ptr<CollectiveOp>;

@@ -184,16 +184,19 @@ ProcessGroupVCCL::ProcessGroupVCCL(c10::intrusive_ptr<Store> store, int rank, in
 ProcessGroupVCCL::~ProcessGroupVCCL() {
   engine_->drain(options_->timeout);
   engine_->shutdown("the process group was destroyed");
+  futures_->stop("the process group was destroyed");
 }
 
 void ProcessGroupVCCL::abort() {
   engine_->poison("the process group was aborted");
   engine_->shutdown("the process group was aborted");
+  futures_->stop("the process group was aborted");
 }
 
 void ProcessGroupVCCL::shutdown() {
   engine_->drain(options_->timeout);
   engine_->shutdown("the process group was shut down");
+  futures_->stop("the process group was shut down");
 }
 
 ErrorType ProcessGroupVCCL::getError() {
@@ -290,10 +293,7 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
     op->waitDone(kNoTimeout);
     if (op->state() == CollectiveOp::State::kFailed) C10_THROW_ERROR(DistBackendError, op->error());
   }
-  {
-    c10::StreamGuard guard(launchBlocking() ? stream.unwrap() : hold.unwrap());
-    future->markCompleted(c10::IValue(outputs));
-  }
+  futures_->add(op, future, outputs, launchBlocking() ? stream.unwrap() : hold.unwrap());
   return c10::make_intrusive<WorkVCCL>(op, rank_, dev, std::move(outputs), future, blocking);
 }
 
@@ -671,8 +671,7 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::endCoalescing() {
   auto work = issue(op, device, tensors, outputs);
   // Members' futures complete with the batch (same stream order as its future).
   VNPUStream hold = launchBlocking() ? c10::vnpu::getCurrentVNPUStream(device) : holdStream(device);
-  c10::StreamGuard guard(hold.unwrap());
-  for (auto& m : members) m.future->markCompleted(c10::IValue(m.outputs));
+  for (auto& m : members) futures_->add(m.op, m.future, m.outputs, hold.unwrap());
   return work;
 }
 

@@ -15,7 +15,10 @@
 //     transport (Gloo over TCP on CPU aliases, or shared memory on one host).
 //  4. Work::wait() enqueues on the caller's current stream a gate task that
 //     blocks that stream until the op completed: later kernels see the
-//     results; the host does not block (barrier() does, as NCCL's).
+//     results; the host does not block (barrier() does, as NCCL's, and so
+//     does wait(timeout) with an explicit timeout). Work::getFuture()
+//     completes when the op did, with its outputs or its error (Note [vccl
+//     futures carry the outcome], FutureCompletion.h).
 // A blocking transfer on a stream worker would deadlock: with send-then-recv
 // on both ranks each worker would sit in its send while the receive it needs
 // waits behind it in the peer's queue. Here sends are posted and awaited off
@@ -40,6 +43,7 @@
 #pragma once
 
 #include "CollectiveOp.h"
+#include "FutureCompletion.h"
 #include "ProgressEngine.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -147,6 +151,7 @@ class ProcessGroupVCCL : public Backend {
   c10::intrusive_ptr<Options> options_;
   c10::intrusive_ptr<Backend> gloo_;
   std::unique_ptr<ProgressEngine> engine_;
+  std::shared_ptr<FutureCompletion> futures_ = std::make_shared<FutureCompletion>();  // Note [vccl futures carry the outcome]
   std::string transport_name_;
   uint64_t seq_ = 0;              // collectives issued (calling thread only, as c10d requires)
 

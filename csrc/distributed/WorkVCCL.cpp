@@ -69,6 +69,16 @@ void WorkVCCL::synchronize() { gateCurrentStream(kNoTimeout); }
 void WorkVCCL::blockCurrentStream() { gateCurrentStream(kNoTimeout); }
 
 bool WorkVCCL::wait(std::chrono::milliseconds timeout) {
+  if (timeout != kNoTimeout && timeout.count() > 0 && !blocking_) {
+    // An explicit timeout blocks the host, as WorkNCCL::wait(timeout) does,
+    // and raises in this call when the op did not complete in time.
+    if (!op_->waitDone(timeout)) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("vccl: ", describe(*op_), " on rank ", rank_, " did not complete within the wait "
+                               "timeout of ", timeout.count(), " ms; a peer may have died, be stuck, or not call "
+                               "this collective"));
+    }
+  }
   if (blocking_) {
     // Host-blocking (barrier, as ProcessGroupNCCL's): also waits for the op's stream work.
     std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op_->timeout + kGateSlack;

@@ -7,10 +7,14 @@
 //    does a receive from any source (its caller asks for the source rank).
 //  * isCompleted()/isSuccess()/exception(): the transport's progress, polled
 //    without blocking.
-//  * getFuture(): a Future already completed with the output tensors, whose
-//    events were recorded on the group's hold stream behind the operation, so
-//    whoever waits on it (DDP's reducer, comm hooks' then()) is stream-ordered
-//    after the collective without a host block (as WorkNCCL's future).
+//    wait(timeout) with an explicit timeout blocks the host up to it and
+//    raises DistBackendError if the operation has not completed (as
+//    WorkNCCL's).
+//  * getFuture(): a Future that completes when the operation did, with the
+//    output tensors (events on the group's hold stream) or with the
+//    operation's DistBackendError: wait() raises it, then() callbacks see it
+//    (Note [vccl futures carry the outcome], FutureCompletion.h). DDP's
+//    reducer therefore raises instead of reading un-reduced gradients.
 // Errors surface on the host at wait() when the operation already failed,
 // otherwise from the gate at the stream's next synchronization
 // (torch.AcceleratorError naming the operation).
