@@ -88,6 +88,9 @@ def _register() -> None:
     from . import _cpu_policies
 
     _cpu_policies.register(_BACKEND)
+    from . import _host_modes
+
+    _host_modes.install()  # global modes take effect as of the call, however far behind the streams are
     from . import _optim_capture
 
     _optim_capture.install(_BACKEND)  # capturing step() of a capturable=False optimizer raises, as on CUDA

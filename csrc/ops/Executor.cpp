@@ -1,4 +1,5 @@
 #include "Executor.h"
+#include "HostModes.h"
 
 #include "CpuAlias.h"
 #include "Factory.h"
@@ -182,6 +183,7 @@ struct OpInfo {
   int inplace_self = -1;                    // a mutable `self` an in-place op must not resize
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
   int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
+  bool alerts_if_deterministic = false;     // Note [Deterministic alerts at the call]
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -278,6 +280,17 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
     info.slow_reason = "no Meta kernel to infer output metadata: ran synchronously";
   }
   info.meta_lacks_checks = meta_lacks_checks(info.name);
+  // Note [Deterministic alerts at the call]
+  // Under torch.use_deterministic_algorithms(True) these CPU kernels raise (or
+  // warn) "... does not have a deterministic implementation" from inside the
+  // kernel, which on a stream worker would surface one synchronization late,
+  // or never if the mode was switched off before the stream got there. CUDA
+  // raises at the call, so in that mode they run synchronously (the set is
+  // CPU's: vnpu runs CPU's kernels, which are deterministic elsewhere).
+  for (const char* alerting : {"aten::put_", "aten::put", "aten::put.out", "aten::max_unpool2d",
+                               "aten::max_unpool2d.out", "aten::max_unpool3d", "aten::max_unpool3d.out"}) {
+    info.alerts_if_deterministic |= info.name == alerting;
+  }
   // Note [In-place ops never resize self]
   // CPU's in-place kernels raise "output with shape [..] doesn't match the
   // broadcast shape [..]" when the result would not fit `self`, and so does
@@ -1135,6 +1148,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // check it, CPU's raises at the call. An empty out=/in-place argument is not
   // an empty input: composites call `op.out(empty(0), ...)` all the time.
   if (info.sync_if_arg >= 0 && !args[info.sync_if_arg].isNone()) return run_sync(op, info, stack, dev);
+  if (info.alerts_if_deterministic && at::globalContext().deterministicAlgorithms())
+    return run_sync(op, info, stack, dev);  // Note [Deterministic alerts at the call]
   if (info.sync_if_mask_arg >= 0 && args[info.sync_if_mask_arg].isList()) {
     for (const IValue& e : args[info.sync_if_mask_arg].toListRef()) {
       if (!e.isTensor() || !e.toTensor().defined()) continue;
@@ -1419,6 +1434,7 @@ IValue map_tensors(const IValue& v, const std::function<Tensor(const Tensor&)>& 
 
 void run_on_worker(c10::function_ref<void()> kernel) {
   prepare_worker_thread();
+  apply_host_modes_on_worker();  // Note [Host modes take effect as of the call]
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   try {
     kernel();

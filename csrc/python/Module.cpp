@@ -12,6 +12,7 @@
 #include "../distributed/Bindings.h"
 #include "../inductor/KernelLaunch.h"
 #include "../ops/Executor.h"
+#include "../ops/HostModes.h"
 #include "../ops/HostOpenMP.h"
 #include "../ops/Interrupts.h"
 #include "../ops/OpStats.h"
@@ -136,6 +137,12 @@ PYBIND11_MODULE(_C, m) {
   at::vnpu::sanitizer::install();
 
   m.def("_device_count", &c10::vnpu::device_count);
+  m.def("_set_worker_flush_denormal", &at::vnpu::set_worker_flush_denormal);
+  // Note [Host modes take effect as of the call]: queued work runs under the modes of its call.
+  m.def("_wait_all_devices_idle", [] {
+    py::gil_scoped_release no_gil;
+    for (int d = 0; d < c10::vnpu::device_count(); ++d) VNPU_CHECK(vnpuDeviceWaitIdle(d));
+  });
   // Discovery (device_count, properties) does not initialize; _init does (Note [Discovery and initialization]).
   m.def("_init", [] { VNPU_CHECK(vnpuInit(0)); });
   m.def("_is_initialized", [] { return vnpuIsInitialized() != 0; });

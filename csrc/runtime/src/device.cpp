@@ -311,6 +311,17 @@ vnpuError_t vnpuGetDeviceProperties(vnpuDeviceProp* prop, int device) {
   return vnpuSuccess;
 }
 
+vnpuError_t vnpuDeviceWaitIdle(int device) {
+  if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
+  if (!valid_device(device)) return vnpuErrorInvalidDevice;
+  if (!vnpuIsInitialized()) return vnpuSuccess;  // nothing was ever queued
+  // While a graph is being captured the host must not wait (the capture
+  // would fail); captured work is recorded, not run, and runs under the modes
+  // of its replay.
+  if (any_capture()) return vnpuSuccess;
+  return wait_device_idle(device, /*interruptible=*/true) ? vnpuSuccess : vnpuErrorInterrupted;
+}
+
 vnpuError_t vnpuDeviceSynchronize() {
   if (vnpuIsInBadFork()) return vnpuErrorForkedAfterInit;
   int dev = current_device();

@@ -148,6 +148,12 @@ vnpuError_t vnpuSetDevice(int device);
 vnpuError_t vnpuGetDevice(int* device);
 vnpuError_t vnpuGetDeviceProperties(vnpuDeviceProp* prop, int device);
 vnpuError_t vnpuDeviceSynchronize();
+// Waits until all work queued on `device` (any stream) has run, like
+// vnpuDeviceSynchronize, but leaves a pending kernel error for the next
+// synchronizing call (returns vnpuSuccess, or vnpuErrorInterrupted). A
+// capturing stream is not waited for. For host-side state changes that
+// queued work must not observe (Note [Host modes take effect as of the call]).
+vnpuError_t vnpuDeviceWaitIdle(int device);
 // 1 if any runtime call was made in this process before a fork() into it.
 int vnpuIsInBadFork();
 
