@@ -159,3 +159,41 @@ def test_fft_output_strides_follow_dims_and_input_order():
             c, v = fn(x), fn(x.to(DEV))
             assert v.stride() == c.stride(), (perm, k, c.stride(), v.stride())
             torch.testing.assert_close(v.cpu(), c)
+
+
+def _reversed_layout(t):
+    """Same shape, dims stored in reverse order (column-major for a matrix batch)."""
+    perm = list(range(t.dim()))[::-1]
+    return t.permute(perm).contiguous().permute(perm)
+
+
+@pytest.mark.parametrize("op", [torch.tril, torch.triu])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 1, 3, 3), (3, 4, 5)])
+def test_out_in_another_layout_gives_the_functional_result(op, shape):
+    """Note [out= tensors in other layouts]: CPU's tril/triu write garbage into (or past the end of) a batched
+    column-major out; vnpu gives the functional result and keeps out's strides."""
+    x = torch.randn(shape)
+    out = _reversed_layout(torch.full(shape, float("nan"), device="vnpu"))
+    strides = out.stride()
+    r = op(x.to("vnpu"), out=out)
+    assert r is out and out.stride() == strides
+    assert torch.equal(out.cpu(), op(x))
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "reversed"])
+def test_linalg_lu_out_in_another_layout(layout):
+    a = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    expected = torch.linalg.lu(a)
+    to = ((lambda t: t.contiguous(memory_format=torch.channels_last)) if layout == "channels_last"
+          else _reversed_layout)
+    outs = tuple(to(torch.empty_like(t, device="vnpu")) for t in expected)
+    torch.linalg.lu(a.to("vnpu"), out=outs)
+    for o, e in zip(outs, expected):
+        torch.testing.assert_close(o.cpu(), e)
+    p, l, u = (o.cpu() for o in outs)
+    torch.testing.assert_close(p @ l @ u, a)  # the factorization itself, not only CPU's numbers
+    lu, piv = torch.linalg.lu_factor(a)
+    unpacked = tuple(to(torch.empty_like(t, device="vnpu")) for t in expected)
+    torch.lu_unpack(lu.to("vnpu"), piv.to("vnpu"), out=unpacked)
+    for o, e in zip(unpacked, expected):
+        torch.testing.assert_close(o.cpu(), e)

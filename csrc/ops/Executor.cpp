@@ -1,8 +1,8 @@
 #include "Executor.h"
-#include "HostModes.h"
 
 #include "CpuAlias.h"
 #include "Factory.h"
+#include "HostModes.h"
 #include "HostOpenMP.h"
 #include "Interrupts.h"
 #include "OpPolicies.h"
@@ -174,6 +174,8 @@ struct OpInfo {
   OutKernel out_kernel = nullptr;             // else an out kernel (OutKernels.h)
   std::vector<int> return_arg;       // per return: index of the mutable arg it aliases, or -1
   std::vector<bool> mutable_arg;     // per argument
+  std::vector<bool> out_arg;         // per argument: a keyword-only mutable Tensor (out=)
+  bool any_out_arg = false;
   std::vector<bool> index_arg;       // per argument: named index/indices (must be integral)
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
@@ -245,6 +247,11 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   info.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   for (const auto& a : schema.arguments()) info.mutable_arg.push_back(a.alias_info() && a.alias_info()->isWrite());
   for (bool b : info.mutable_arg) info.any_mutable |= b;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    info.out_arg.push_back(info.mutable_arg[i] && a.kwarg_only() && a.type()->kind() == c10::TypeKind::TensorType);
+    info.any_out_arg |= info.out_arg.back();
+  }
   for (const auto& a : schema.arguments()) info.index_arg.push_back(a.name() == "index" || a.name() == "indices");
   bool view = false, data_dependent_return = false;
   for (const auto& r : schema.returns()) {
@@ -1485,6 +1492,78 @@ void move_cpu_indices(const c10::OperatorHandle& op, Stack* stack) {
   (*stack)[stack->size() - n + 1] = moved;
 }
 
+namespace {
+
+void run_path(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+  switch (info.path) {
+    case Path::View:
+    case Path::InplaceView:
+      return run_view(op, info, stack, dev);
+    case Path::Sync:
+      return run_sync(op, info, stack, dev, info.slow_reason.empty() ? nullptr : info.slow_reason.c_str());
+    case Path::Async:
+      return run_async(op, info, stack, dev);
+  }
+}
+
+// Note [out= tensors in other layouts]
+// Some ATen CPU kernels mishandle an out= tensor that is not contiguous: tril
+// and triu on a batched input write garbage into a column-major out, or past
+// its end (heap corruption), linalg_lu's L with channels-last or transposed
+// outs comes out wrong. A backend owns its results, so a non-contiguous out=
+// tensor that shares memory with no other argument (overlaps keep CPU's
+// errors, raised before this) is replaced by a contiguous one for the kernel,
+// and the result is copied into it on the stream (out= semantics: its strides
+// are kept, or it is resized as resize_output does). One extra copy, for
+// these calls only.
+bool run_with_contiguous_outs(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceIndex dev) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t base = stack->size() - n;
+  c10::SmallVector<size_t, 3> swap;
+  for (size_t i = 0; i < n; ++i) {
+    if (!info.out_arg[i]) continue;
+    const IValue& a = (*stack)[base + i];
+    if (!a.isTensor()) continue;
+    const Tensor& o = a.toTensor();
+    if (!o.defined() || o.numel() == 0 || o.is_contiguous() || o.layout() != c10::kStrided ||
+        o.device().type() != kVNPU || at::has_internal_overlap(o) != at::MemOverlap::No)
+      continue;
+    bool shared = false;
+    for (size_t j = 0; j < n && !shared; ++j) {
+      if (j == i) continue;
+      const IValue& b = (*stack)[base + j];
+      if (b.isTensor() && b.toTensor().defined() && b.toTensor().has_storage())
+        shared = b.toTensor().storage().is_alias_of(o.storage());
+      else if (b.isTensorList())
+        for (const Tensor t : b.toTensorList()) shared |= t.defined() && t.has_storage() && t.storage().is_alias_of(o.storage());
+    }
+    if (!shared) swap.push_back(i);
+  }
+  if (swap.empty()) return false;
+  c10::SmallVector<std::pair<Tensor, Tensor>, 3> outs;  // (the caller's out, the contiguous stand-in)
+  for (size_t i : swap) {
+    Tensor o = (*stack)[base + i].toTensor();
+    Tensor tmp = at::empty(o.sizes(), o.options());
+    (*stack)[base + i] = tmp;
+    outs.emplace_back(std::move(o), std::move(tmp));
+  }
+  run_path(op, info, stack, dev);
+  for (auto& [o, tmp] : outs) {
+    if (!o.sizes().equals(tmp.sizes())) at::native::resize_output(o, tmp.sizes());
+    o.copy_(tmp);
+  }
+  // Returns that alias an out= argument are that argument.
+  const size_t r0 = stack->size() - schema.returns().size();
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    for (size_t k = 0; k < swap.size(); ++k)
+      if (info.return_arg[r] == static_cast<int>(swap[k])) (*stack)[r0 + r] = outs[k].first;
+  }
+  return true;
+}
+
+}  // namespace
+
 void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   flush_worker_warnings();  // Note [Worker warnings]
   OpInfo& info = op_info(op);
@@ -1516,15 +1595,10 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
   if (info.path != Path::View && info.path != Path::InplaceView) raise_overlap_errors_like_cpu(op, info, torch::jit::last(*stack, n));
-  switch (info.path) {
-    case Path::View:
-    case Path::InplaceView:
-      return run_view(op, info, stack, dev);
-    case Path::Sync:
-      return run_sync(op, info, stack, dev, info.slow_reason.empty() ? nullptr : info.slow_reason.c_str());
-    case Path::Async:
-      return run_async(op, info, stack, dev);
-  }
+  if (info.any_out_arg && info.path != Path::View && info.path != Path::InplaceView &&
+      run_with_contiguous_outs(op, info, stack, dev))
+    return;  // Note [out= tensors in other layouts]
+  run_path(op, info, stack, dev);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

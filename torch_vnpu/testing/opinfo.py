@@ -631,13 +631,27 @@ class OpRunner:
                         return "skip-silent", None
                     # fresh inputs for the out= call, out tensors with CPU's expected metadata
                     cpu_in = self.convert_sample(sample, torch.device("cpu"))
-                    out_cpu = torch.utils._pytree.tree_map_only(
-                        torch.Tensor, lambda t: layout_tensor(torch.empty_like(t).detach(), layout, out=True)
-                        if layout else torch.empty_like(t).detach(), expected)
+                    out_cpu = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: torch.empty_like(t).detach(),
+                                                                expected)
                     if isinstance(out_cpu, list):
                         out_cpu = tuple(out_cpu)
                     with det:
                         r_cpu = op(cpu_in[0], *cpu_in[1], **cpu_in[2], out=out_cpu)
+                    if layout:
+                        # The oracle of an out= call in another layout: CPU's result in its own (contiguous) out
+                        # tensors, copied into tensors of that layout (out= keeps their strides). CPU's kernels
+                        # themselves mishandle some layouts (tril/triu on batches: garbage or heap corruption;
+                        # linalg_lu: wrong L), which vnpu does not (Note [out= tensors in other layouts]).
+                        plain = out_cpu
+                        out_cpu = torch.utils._pytree.tree_map_only(
+                            torch.Tensor, lambda t: layout_tensor(torch.empty_like(t), layout, out=True).copy_(t),
+                            plain)
+                        leaves = dict(zip(map(id, [t for _, t in self.flatten(plain)]),
+                                          [t for _, t in self.flatten(out_cpu)]))
+                        r_cpu = torch.utils._pytree.tree_map_only(
+                            torch.Tensor, lambda t: leaves.get(id(t), t), r_cpu)
+                        if isinstance(r_cpu, list) and isinstance(out_cpu, tuple):
+                            r_cpu = tuple(r_cpu)
                 else:
                     with det:
                         r_cpu = f(cpu_in[0], *cpu_in[1], **cpu_in[2])
