@@ -3,8 +3,10 @@
 A loaded package has the C++ wrapper's execution model (test_compile_cpp_wrapper.py): buffers from the caching
 allocator, extern kernels as vnpu ops (through AOTInductor's proxy executor and the dispatcher), fused kernels on
 the current stream, asynchronous. Oracle: eager CPU on the same inputs and weights (float32 within 1e-5).
-Two packages are compiled once per module (an MLP with a dynamic batch, a conv + batch norm model).
-Wrong-device input behaves as on CUDA (AOTInductor checks input devices only with AOTI_RUNTIME_CHECK_INPUTS=1).
+Three packages are compiled once per module (an MLP with a dynamic batch, a conv + batch norm model, a pointwise
+model). An input on the wrong device raises eager's device mismatch before the model runs (vnpu's runner checks
+every input's device: Note [Input devices of a vnpu AOTInductor model] in csrc/inductor/AotiRunner.cpp);
+AOTI_RUNTIME_CHECK_INPUTS=1 adds AOTInductor's own dtype/shape/stride checks.
 """
 import copy
 import ctypes
@@ -65,6 +67,32 @@ def convbn(tmp_path_factory):
                     tmp_path_factory.mktemp("aoti") / "convbn.pt2")
     cpu.to("cpu")
     return cpu, path, torch._inductor.aoti_load_package(path)
+
+
+class Pointwise(nn.Module):
+    """Its input's first reader is a fused kernel (the MLP's is addmm, an extern kernel: a dispatcher call, which
+    checks devices as eager does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 2.0, 64))
+
+    def forward(self, x):
+        return (x * self.scale).sin() + 1
+
+
+@pytest.fixture(scope="module")
+def pointwise(tmp_path_factory):
+    cpu = Pointwise().eval()
+    path = _package(cpu.to("vnpu"), torch.randn(64, device="vnpu"), tmp_path_factory.mktemp("aoti") / "pw.pt2")
+    cpu.to("cpu")
+    return cpu, path, torch._inductor.aoti_load_package(path)
+
+
+def _late(device):
+    """A zero on ``device`` produced behind ~0.1-1 s of queued work on its current stream."""
+    a = torch.randn(1024, 1024, device=device)
+    return (a @ a @ a).sum() * 0
 
 
 def test_mlp_package_matches_eager_cpu_for_two_batch_sizes(mlp):
@@ -228,9 +256,10 @@ def test_explicit_stream_argument_runs_on_that_stream(mlp):
         package.loader.run([y], _handle(12345))
 
 
-def test_package_loads_and_runs_in_a_fresh_process_and_checks_input_devices(mlp, tmp_path):
-    # With AOTI_RUNTIME_CHECK_INPUTS=1 the model checks each input's device type (as on CUDA: the message is
-    # AOTInductor's, its expected value printed twice, "2020(vnpu)" as "11(cuda)").
+def test_package_in_a_fresh_process_with_runtime_input_checks(mlp, tmp_path):
+    # AOTI_RUNTIME_CHECK_INPUTS=1 (read once per model, at its first run: hence a fresh process) adds AOTInductor's
+    # dtype/shape/stride checks inside the model. vnpu's device check runs first, on every run; AOTInductor's own
+    # (the device type only) would let an input on vnpu:1 through. A wrong shape still raises AOTInductor's error.
     cpu, path, _ = mlp
     x = torch.randn(7, 16)
     with torch.no_grad():
@@ -242,22 +271,28 @@ def test_package_loads_and_runs_in_a_fresh_process_and_checks_input_devices(mlp,
         "out = package(io['x'].to('vnpu'))\n"
         "torch.testing.assert_close([o.cpu() for o in out[:2]], list(io['ref']), rtol=1e-5, atol=1e-5)\n"
         "print('ok', out[0].device)\n"
-        "try:\n"
-        "    package(io['x'])\n"
-        "except RuntimeError as e:\n"
-        "    print('raised')\n"
+        "for bad in (io['x'], io['x'].to('vnpu:1'), torch.randn(7, 15, device='vnpu')):\n"
+        "    try:\n"
+        "        package(bad)\n"
+        "        print('accepted')\n"
+        "    except RuntimeError as e:\n"
+        "        print('raised', repr(str(e)))\n"
         "print('usable', package(io['x'].to('vnpu'))[0].shape)\n"
     )
     r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "io.pt")], cwd=HERE,
                        capture_output=True, text=True, timeout=600, env={**os.environ, "AOTI_RUNTIME_CHECK_INPUTS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split("\n")[:3] == ["ok vnpu:0", "raised", "usable torch.Size([7, 8])"]
-    assert "input_handles[0]: unmatched device type, expected: 2020(vnpu), but got: 0" in r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] == "ok vnpu:0" and lines[4] == "usable torch.Size([7, 8])", r.stdout
+    assert "found at least two devices, vnpu:0 and cpu!" in lines[1], r.stdout
+    assert "found at least two devices, vnpu:0 and vnpu:1!" in lines[2], r.stdout
+    assert lines[3].startswith("raised"), r.stdout
+    assert "input_handles[0]: unmatched dim value at 1, expected: 16, but got: 15" in r.stderr + lines[3]
 
 
 def test_cpu_input_raises_eagers_device_mismatch_and_the_device_stays_usable(mlp):
-    # Unchecked by default, as on CUDA: the first extern kernel (addmm) raises eager's device mismatch inside the
-    # model, which AOTInductor's runner raises as RuntimeError.
+    # vnpu's runner raises eager's device mismatch before the model runs (without its check, the first extern
+    # kernel, addmm, would raise it inside the model).
     cpu, _, package = mlp
     x = torch.randn(4, 16)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two "
@@ -266,6 +301,50 @@ def test_cpu_input_raises_eagers_device_mismatch_and_the_device_stays_usable(mlp
     torch.vnpu.synchronize()
     with torch.no_grad():
         torch.testing.assert_close(package(x.to("vnpu"))[0].cpu(), cpu(x)[0], **TOL)
+
+
+def test_cpu_input_of_a_fused_kernel_raises_eagers_device_mismatch(pointwise):
+    # Unchecked, the fused kernel would read the host tensor asynchronously on the vnpu stream (a later change by
+    # the caller changes the output), and CUDA's would fault on the host pointer. A zero-size tensor on the wrong
+    # device is refused the same way (its data is never touched).
+    cpu, _, package = pointwise
+    x = torch.randn(64)
+    for bad in (x, torch.empty(0)):
+        with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but found at least "
+                                               r"two devices, vnpu:0 and cpu! .*input 0 .*\.to\(\"vnpu:0\"\)"):
+            package(bad)
+    torch.vnpu.synchronize()
+    with torch.no_grad():
+        torch.testing.assert_close(package(x.to("vnpu")).cpu(), cpu(x), **TOL)
+
+
+def test_input_on_another_vnpu_raises_eagers_device_mismatch(pointwise):
+    # A package loaded on vnpu:0 runs on vnpu:0's stream: unchecked, it would read an input of vnpu:1 without
+    # waiting for vnpu:1's stream, before the input is written.
+    cpu, _, package = pointwise
+    x = torch.randn(64)
+    x1 = x.to("vnpu:1") + _late("vnpu:1")
+    with pytest.raises(RuntimeError, match=r"found at least two devices, vnpu:0 and vnpu:1! .*input 0 .*"
+                                           r"\.to\(\"vnpu:0\"\)"):
+        package(x1)
+    with torch.no_grad():
+        torch.testing.assert_close(package(x1.to("vnpu:0")).cpu(), cpu(x), **TOL)
+
+
+def test_package_runs_on_its_device_when_another_device_is_current(pointwise):
+    # Inputs on the package's device, vnpu:1 current: the model runs on vnpu:0's current stream (behind the
+    # input's producer), its outputs are vnpu:0 tensors, and vnpu:1 and the current device are left alone.
+    cpu, _, package = pointwise
+    torch.vnpu.synchronize(1)
+    x = torch.randn(64)
+    x0 = x.to("vnpu:0") + _late("vnpu:0")
+    with torch.vnpu.device(1):
+        out = package(x0)
+        assert torch.vnpu.current_device() == 1
+        assert torch.vnpu.current_stream(1).query()
+    assert out.device == torch.device("vnpu:0")
+    with torch.no_grad():
+        torch.testing.assert_close(out.cpu(), cpu(x), **TOL)
 
 
 def test_bare_shared_library_says_to_build_a_package():

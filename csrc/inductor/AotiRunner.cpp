@@ -22,6 +22,8 @@
 //   AOTInductor model]); the model's code looks its weights up there.
 // * An explicit stream handle (AOTInductor's run(inputs, stream)) is a
 //   vnpuStream_t: the runner makes it the current stream for the run.
+// * The runner checks the inputs' devices before every run (Note [Input
+//   devices of a vnpu AOTInductor model]).
 #include "KernelLaunch.h"
 
 #include "../core/VNPUFunctions.h"
@@ -31,11 +33,13 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 
 #include <array>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +62,20 @@ namespace {
 // Returns nullptr or an error message.
 using AttachFn = const char* (*)(const void* api, int api_version, long device, size_t num_constants,
                                  void* const* table);
+
+// Note [Input devices of a vnpu AOTInductor model]
+// The model reads each input where it was compiled to: a fused kernel captures a vnpu input's data pointer and
+// reads it later, on the stream of the device the package was loaded for. Given a tensor elsewhere, nothing
+// fails: a CPU tensor's host memory is read asynchronously (the caller may change it meanwhile; CUDA's kernels
+// would fault on the host pointer), a tensor of another vnpu device is read without waiting for that device's
+// stream. torch.compile's code guards on devices; AOTInductor checks them only under
+// AOTI_RUNTIME_CHECK_INPUTS=1, and only the device type. So the runner checks every input's device before each
+// run (one compare per input) and raises eager's device mismatch. The model declares the devices, one character
+// per input, from its exported torch_vnpu_aoti_input_devices(): 'v' the vnpu device the package was loaded
+// for, 'c' the CPU, '-' unchecked (torch_vnpu/_inductor/cpp_wrapper.py). A zero-size tensor is checked too
+// (its device is wrong all the same; its data is never touched). AOTInductor's own checks (dtype, shape,
+// strides under AOTI_RUNTIME_CHECK_INPUTS=1) run in the model afterwards.
+using InputDevicesFn = const char* (*)();
 
 class AOTIModelContainerRunnerVnpu;
 
@@ -93,6 +111,7 @@ class AOTIModelContainerRunnerVnpu : public torch::inductor::AOTIModelContainerR
       fqns_.emplace_back(fqn);
       index_of_name_.emplace(names_.back(), i);
     }
+    load_input_devices();
     table_.assign(4 * num_constants_, nullptr);
     for (auto& slot : copies_) slot.resize(num_constants_);
     refresh_slot(0, /*updated=*/nullptr, /*use_inactive=*/false);
@@ -134,6 +153,7 @@ class AOTIModelContainerRunnerVnpu : public torch::inductor::AOTIModelContainerR
   // An explicit stream handle is a vnpuStream_t of the model's device: the run is enqueued on it, as
   // AOTInductor on CUDA runs on the cudaStream_t it is given; without one, on the current stream.
   std::vector<at::Tensor> run_impl(std::vector<AtenTensorHandle>& input_handles, void* stream_handle) override {
+    check_input_devices(input_handles);
     if (stream_handle == nullptr) return AOTIModelContainerRunner::run_impl(input_handles, nullptr);
     const c10::StreamId id = c10::vnpu::streamIdOf(device_, static_cast<vnpuStream_t>(stream_handle));
     TORCH_CHECK_VALUE(id >= 0, "the stream handle given to this AOTInductor model is not a stream of vnpu:",
@@ -144,6 +164,65 @@ class AOTIModelContainerRunnerVnpu : public torch::inductor::AOTIModelContainerR
   }
 
  private:
+  // The expected device of each input and its name (Note [Input devices of a vnpu AOTInductor model]).
+  void load_input_devices() {
+    InputDevicesFn input_devices = nullptr;
+    try {
+      input_devices = reinterpret_cast<InputDevicesFn>(model_so_->sym("torch_vnpu_aoti_input_devices"));
+    } catch (const c10::Error&) {
+    }
+    TORCH_CHECK(input_devices != nullptr, "cannot load this AOTInductor package on vnpu: it was compiled by an older "
+                "torch_vnpu (its model does not declare its inputs' devices): compile it again");
+    const auto get_num_inputs =
+        reinterpret_cast<decltype(&AOTInductorModelContainerGetNumInputs)>(model_so_->sym("AOTInductorModelContainerGetNumInputs"));
+    const auto get_input_name =
+        reinterpret_cast<decltype(&AOTInductorModelContainerGetInputName)>(model_so_->sym("AOTInductorModelContainerGetInputName"));
+    size_t num_inputs = 0;
+    check(get_num_inputs(container_handle_, &num_inputs), "AOTInductorModelContainerGetNumInputs");
+    const std::string devices = input_devices();
+    TORCH_CHECK(devices.size() == num_inputs, "cannot load this AOTInductor package on vnpu: its model declares ",
+                devices.size(), " input devices for ", num_inputs, " inputs");
+    for (size_t i = 0; i < num_inputs; ++i) {
+      const char* name = nullptr;
+      check(get_input_name(container_handle_, i, &name), "AOTInductorModelContainerGetInputName");
+      input_names_.emplace_back(name ? name : "");
+      switch (devices[i]) {
+        case 'v': input_devices_.emplace_back(c10::Device(c10::DeviceType::PrivateUse1, device_)); break;
+        case 'c': input_devices_.emplace_back(c10::Device(c10::kCPU)); break;
+        default: input_devices_.emplace_back(std::nullopt);
+      }
+    }
+  }
+
+  void check_input_devices(std::vector<AtenTensorHandle>& handles) {
+    if (handles.size() != input_devices_.size()) return;  // the container raises its own count error
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const auto& expected = input_devices_[i];
+      if (!expected) continue;
+      const at::Tensor* t = handles[i] ? torch::aot_inductor::tensor_handle_to_tensor_pointer(handles[i]) : nullptr;
+      if (C10_UNLIKELY(t == nullptr || !t->defined() || t->device() != *expected)) raise_input_device_error(handles, i);
+    }
+  }
+
+  [[noreturn]] C10_NOINLINE void raise_input_device_error(std::vector<AtenTensorHandle>& handles, size_t i) {
+    const at::Tensor* t = handles[i] ? torch::aot_inductor::tensor_handle_to_tensor_pointer(handles[i]) : nullptr;
+    const bool defined = t != nullptr && t->defined();
+    const std::string actual = defined ? t->device().str() : std::string();
+    // The handles are the model's to steal; it does not run, so they are released here.
+    for (auto& handle : handles) {
+      if (handle != nullptr) aoti_torch_delete_tensor_object(handle);
+      handle = nullptr;
+    }
+    const c10::Device expected = *input_devices_[i];
+    // The index counts the call's tensors in flattened order; the name is the model's (arg<i>_1).
+    const std::string which = "input " + std::to_string(i) + " (" + input_names_[i] + ") of this AOTInductor package";
+    TORCH_CHECK(defined, which, " is an undefined tensor: the package expects a tensor on ", expected);
+    // Eager's message for mixed devices (as on CUDA), then which input and what to do.
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", expected,
+                " and ", actual, "! ", which, " is on ", actual, ", the package reads it on ", expected,
+                ": move it there with .to(\"", expected, "\")");
+  }
+
   static void check(AOTIRuntimeError error, const char* what) {
     TORCH_CHECK(error == 0, what, " failed");  // AOTI_RUNTIME_SUCCESS
   }
@@ -327,6 +406,8 @@ class AOTIModelContainerRunnerVnpu : public torch::inductor::AOTIModelContainerR
   }
 
   c10::DeviceIndex device_ = 0;
+  std::vector<std::optional<c10::Device>> input_devices_;  // by input index; nullopt: unchecked
+  std::vector<std::string> input_names_;
   size_t num_constants_ = 0;
   std::vector<std::string> names_;  // by constant index: the container's constant name
   std::vector<std::string> fqns_;   // by constant index: the original FQN

@@ -33,7 +33,8 @@ csrc/inductor/AotiRunner.cpp): vnpu's model runner hands the launch API to the
 model (``torch_vnpu_aoti_attach``: no Python, no capsule); the model's runtime is a
 CPU one, so its weights load as CPU tensors and the graph uses the runner's vnpu
 copies (``weight()``); launch errors are C++ exceptions, which AOTInductor's runner
-raises as RuntimeError.
+raises as RuntimeError. The model also declares its inputs' devices
+(``torch_vnpu_aoti_input_devices``), which the runner checks before every run.
 """
 
 from __future__ import annotations
@@ -365,6 +366,18 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
             super().codegen_model_constructor()
         finally:
             self._constants_on_cpu = False
+        # The device of each input, which vnpu's runner checks before every run (Note [Input devices of a vnpu
+        # AOTInductor model] in csrc/inductor/AotiRunner.cpp): 'v' the loaded vnpu device, 'c' the CPU, '-' unchecked.
+        codes = {_DEVICE: "v", "cpu": "c"}
+        devices = "".join(
+            codes.get(value.get_device().type, "-")
+            if isinstance(value, ir.TensorBox) and value.get_device() is not None else "-"
+            for value in V.graph.graph_inputs.values()
+        )
+        self.prefix.writeline(
+            f'extern "C" __attribute__((visibility("default"))) const char* torch_vnpu_aoti_input_devices() '
+            f'{{ return "{devices}"; }}'
+        )
 
     def codegen_device(self, device):
         if getattr(self, "_constants_on_cpu", False) and device.type == _DEVICE:
