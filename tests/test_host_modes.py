@@ -41,8 +41,9 @@ def test_deterministic_mode_applies_to_kernels_queued_before_it_is_switched_off(
     torch.use_deterministic_algorithms(True)
     expected = torch.zeros(64, 8).index_copy(0, idx, src)
     torch.use_deterministic_algorithms(False)
-    assert not torch.equal(torch.zeros(64, 8).index_copy(0, idx, src), expected), \
-        "CPU's parallel index_copy happened to match its deterministic one: the test cannot tell the modes apart"
+    if all(torch.equal(torch.zeros(64, 8).index_copy(0, idx, src), expected) for _ in range(5)):
+        pytest.skip("CPU's parallel index_copy matched its deterministic path 5 times (one core free?): this "
+                    "machine cannot tell the two modes apart")
     idx_v, src_v = idx.to("vnpu"), src.to("vnpu")
     for _ in range(10):
         _busy()
