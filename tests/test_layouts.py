@@ -197,3 +197,29 @@ def test_linalg_lu_out_in_another_layout(layout):
     torch.lu_unpack(lu.to("vnpu"), piv.to("vnpu"), out=unpacked)
     for o, e in zip(unpacked, expected):
         torch.testing.assert_close(o.cpu(), e)
+
+
+def test_out_slices_and_batch_norm_out_give_the_functional_result():
+    """CPU's narrow_copy/avg_pool3d write wrong elements into a slice out=, and CPU's native_batch_norm.out reads
+    its uninitialised save_mean for a non-contiguous input (Note [out= kernels that read their outputs]):
+    vnpu gives the functional result."""
+    x = torch.randn(5, 6, 5)
+    out = torch.full((5, 2, 10), float("nan"), device="vnpu")[..., ::2]  # a slice: gaps between elements
+    torch.narrow_copy(x.to("vnpu"), 1, 1, 2, out=out)
+    assert torch.equal(out.cpu(), torch.narrow_copy(x, 1, 1, 2))
+    inp = torch.randn(2, 3, 4, 4, 4)
+    pooled = torch.empty(2, 3, 2, 2, 4, device="vnpu")[..., ::2]
+    torch._C._nn.avg_pool3d(inp.to("vnpu"), 2, out=pooled)
+    torch.testing.assert_close(pooled.cpu(), F.avg_pool3d(inp, 2))
+    x = torch.randn(5, 4, 6).transpose(0, 2)  # (6, 4, 5), channels in dim 1, not contiguous
+    w, b = torch.randn(4), torch.randn(4)
+    rm, rv = torch.zeros(4), torch.ones(4)
+    expected = torch.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+    v_rm, v_rv = torch.zeros(4, device="vnpu"), torch.ones(4, device="vnpu")
+    outs = [torch.full(t.shape, 7.0, device="vnpu") for t in expected]  # not the mean: a kernel reading it is wrong
+    torch.ops.aten.native_batch_norm.out(x.to("vnpu"), w.to("vnpu"), b.to("vnpu"), v_rm, v_rv, True, 0.1, 1e-5,
+                                         out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+    for o, e in zip(outs, expected):
+        torch.testing.assert_close(o.cpu(), e)
+    torch.testing.assert_close(v_rm.cpu(), rm)
+    torch.testing.assert_close(v_rv.cpu(), rv)

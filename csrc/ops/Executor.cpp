@@ -176,6 +176,7 @@ struct OpInfo {
   std::vector<bool> mutable_arg;     // per argument
   std::vector<bool> out_arg;         // per argument: a keyword-only mutable Tensor (out=)
   bool any_out_arg = false;
+  std::optional<c10::OperatorHandle> functional_op;  // out= overload run as this + copies (run_out_via_functional)
   std::vector<bool> index_arg;       // per argument: named index/indices (must be integral)
   bool new_outputs = false;          // some return is a fresh tensor
   bool any_mutable = false;
@@ -319,6 +320,14 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   if (const char* arg = host_checks_data(info.name); arg != nullptr && *arg != '\0') {
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == arg) info.sync_if_arg = static_cast<int>(i);
+  }
+  // See Note [out= kernels that read their outputs]: an explicit out= call of
+  // such an op runs its functional overload (which vnpu computes right) and
+  // copies the results into the out= tensors.
+  if (const auto& ov = schema.overload_name(); ov.size() >= 3 && ov.compare(ov.size() - 3, 3, "out") == 0) {
+    const std::string fov = ov == "out" ? "" : ov.substr(0, ov.size() - (ov.size() > 4 && ov[ov.size() - 4] == '_' ? 4 : 3));
+    if (out_needs_contiguous_input(schema.name() + (fov.empty() ? "" : "." + fov)))
+      info.functional_op = c10::Dispatcher::singleton().findSchema({schema.name(), fov});
   }
   if (info.path == Path::Async && info.new_outputs) {
     info.out_op = find_out_overload(schema);
@@ -1506,11 +1515,33 @@ void run_path(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   }
 }
 
+// Runs an out= overload as its functional overload plus copies into the out=
+// tensors (out= semantics: kept strides, or resize_output).
+void run_out_via_functional(const c10::OperatorHandle& op, OpInfo& info, Stack* stack) {
+  const auto& fn = *info.functional_op;
+  const size_t n = op.schema().arguments().size();
+  const size_t nf = fn.schema().arguments().size();
+  const size_t base = stack->size() - n;
+  std::vector<IValue> outs(stack->begin() + base + nf, stack->end());
+  Stack s(stack->begin() + base, stack->begin() + base + nf);
+  fn.redispatchBoxed(DispatchKeySet(DispatchKey::PrivateUse1), &s);
+  TORCH_INTERNAL_ASSERT(s.size() == outs.size(), info.name, ": functional overload returned ", s.size(), " values");
+  for (size_t k = 0; k < outs.size(); ++k) {
+    Tensor o = outs[k].toTensor();
+    const Tensor& r = s[k].toTensor();
+    if (!o.sizes().equals(r.sizes())) at::native::resize_output(o, r.sizes());
+    if (r.numel() > 0) o.copy_(r);
+  }
+  torch::jit::drop(*stack, n);
+  for (auto& o : outs) stack->push_back(std::move(o));
+}
+
 // Note [out= tensors in other layouts]
 // Some ATen CPU kernels mishandle an out= tensor that is not contiguous: tril
 // and triu on a batched input write garbage into a column-major out, or past
 // its end (heap corruption), linalg_lu's L with channels-last or transposed
-// outs comes out wrong. A backend owns its results, so a non-contiguous out=
+// outs comes out wrong, narrow_copy and avg_pool3d into a slice write wrong
+// elements. A backend owns its results, so a non-contiguous out=
 // tensor that shares memory with no other argument (overlaps keep CPU's
 // errors, raised before this) is replaced by a contiguous one for the kernel,
 // and the result is copied into it on the stream (out= semantics: its strides
@@ -1527,7 +1558,7 @@ bool run_with_contiguous_outs(const c10::OperatorHandle& op, OpInfo& info, Stack
     if (!a.isTensor()) continue;
     const Tensor& o = a.toTensor();
     if (!o.defined() || o.numel() == 0 || o.is_contiguous() || o.layout() != c10::kStrided ||
-        o.device().type() != kVNPU || at::has_internal_overlap(o) != at::MemOverlap::No)
+        o.device().type() != kVNPU || at::has_internal_overlap(o) == at::MemOverlap::Yes)
       continue;
     bool shared = false;
     for (size_t j = 0; j < n && !shared; ++j) {
@@ -1595,6 +1626,7 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
   if (info.path != Path::View && info.path != Path::InplaceView) raise_overlap_errors_like_cpu(op, info, torch::jit::last(*stack, n));
+  if (info.functional_op) return run_out_via_functional(op, info, stack);
   if (info.any_out_arg && info.path != Path::View && info.path != Path::InplaceView &&
       run_with_contiguous_outs(op, info, stack, dev))
     return;  // Note [out= tensors in other layouts]

@@ -15,7 +15,9 @@ namespace at::vnpu {
 // the functional batch_norm_cpu fills (at::mean) before calling it, so a direct
 // out= call reads an uninitialised mean (CPU itself gives the same wrong
 // values when called with out=). For these ops an input that is not
-// contiguous runs the functional kernel plus a copy.
+// contiguous runs the functional kernel plus a copy, and an explicit call of
+// their out= overload runs the functional overload plus copies into the out=
+// tensors (vnpu is right where CPU reads uninitialised memory).
 bool out_needs_contiguous_input(const std::string& name);
 
 // Note [Checks Meta kernels lack]
