@@ -183,7 +183,7 @@ struct OpInfo {
   std::atomic<bool> out_unusable{false};  // out= overload failed at run time (see run_plan)
   bool out_needs_contiguous_input = false;  // Note [out= kernels that read their outputs]
   bool meta_lacks_checks = false;           // Note [Checks Meta kernels lack]
-  int inplace_self = -1;                    // a mutable `self` an in-place op must not resize
+  bool inplace_self = false;                // argument 0 is a mutable `self` the op must not resize
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
   int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
   bool alerts_if_deterministic = false;     // Note [Deterministic alerts at the call]
@@ -288,17 +288,7 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
     info.slow_reason = "no Meta kernel to infer output metadata: ran synchronously";
   }
   info.meta_lacks_checks = meta_lacks_checks(info.name);
-  // Note [Deterministic alerts at the call]
-  // Under torch.use_deterministic_algorithms(True) these CPU kernels raise (or
-  // warn) "... does not have a deterministic implementation" from inside the
-  // kernel, which on a stream worker would surface one synchronization late,
-  // or never if the mode was switched off before the stream got there. CUDA
-  // raises at the call, so in that mode they run synchronously (the set is
-  // CPU's: vnpu runs CPU's kernels, which are deterministic elsewhere).
-  for (const char* alerting : {"aten::put_", "aten::put", "aten::put.out", "aten::max_unpool2d",
-                               "aten::max_unpool2d.out", "aten::max_unpool3d", "aten::max_unpool3d.out"}) {
-    info.alerts_if_deterministic |= info.name == alerting;
-  }
+  info.alerts_if_deterministic = alerts_if_deterministic(info.name);
   // Note [In-place ops never resize self]
   // CPU's in-place kernels raise "output with shape [..] doesn't match the
   // broadcast shape [..]" when the result would not fit `self`, and so does
@@ -316,7 +306,7 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   if (!schema.arguments().empty() && schema.arguments()[0].name() == "self" && info.mutable_arg[0] &&
       info.path == Path::Async && schema.name().find("resize") == std::string::npos &&
       schema.name() != "aten::set_")
-    info.inplace_self = 0;
+    info.inplace_self = true;
   if (const char* arg = host_checks_data(info.name); arg != nullptr && *arg != '\0') {
     for (size_t i = 0; i < schema.arguments().size(); ++i)
       if (schema.arguments()[i].name() == arg) info.sync_if_arg = static_cast<int>(i);
@@ -932,7 +922,7 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
   // See Note [In-place ops never resize self].
   for (const auto& [i, m] : result->mutated) {
     const Tensor& t = args[i].toTensor();
-    if (t.sizes().equals(m.sizes) || !(static_cast<int>(i) == info.inplace_self || is_also_input(args, i))) continue;
+    if (t.sizes().equals(m.sizes) || !((i == 0 && info.inplace_self) || is_also_input(args, i))) continue;
     result->sync = true;
     result->mutated.clear();
     break;

@@ -15,6 +15,14 @@ bool out_needs_contiguous_input(const std::string& name) {
   return in(ops, name);
 }
 
+bool alerts_if_deterministic(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {"aten::put_",         "aten::put",
+                                                      "aten::put.out",      "aten::max_unpool2d",
+                                                      "aten::max_unpool2d.out", "aten::max_unpool3d",
+                                                      "aten::max_unpool3d.out"};
+  return in(ops, name);
+}
+
 bool meta_lacks_checks(const std::string& name) {
   static const std::unordered_set<std::string> ops = {
       // scalar arguments

@@ -46,4 +46,14 @@ const char* host_checks_data(const std::string& name);
 // make the op synchronous, or nullptr.
 const char* sync_only_for_masks(const std::string& name);
 
+// Note [Deterministic alerts at the call]
+// Under torch.use_deterministic_algorithms(True) these CPU kernels raise (or
+// warn) "... does not have a deterministic implementation" from inside the
+// kernel, which on a stream worker would surface one synchronization late, or
+// never if the mode was switched off before the stream got there. CUDA raises
+// at the call, so in that mode they run synchronously. The set is CPU's (every
+// OpInfo sample run on CPU under the mode): vnpu runs CPU's kernels, which are
+// deterministic elsewhere.
+bool alerts_if_deterministic(const std::string& name);
+
 }  // namespace at::vnpu
