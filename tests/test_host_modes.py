@@ -135,3 +135,24 @@ def test_a_pending_kernel_error_survives_a_mode_change():
         torch.use_deterministic_algorithms(False)  # waits, must not raise or swallow it
     with pytest.raises(RuntimeError, match="index"):
         torch.vnpu.synchronize()
+
+
+def test_deterministic_alert_inside_a_graph_capture_is_raised_at_the_call():
+    """A capture cannot wait for the stream, so the alert comes from CPU's kernel on stand-in inputs; the capture
+    stays valid and replays."""
+    t = torch.zeros(5, device="vnpu")
+    idx = torch.tensor([0, 0], device="vnpu")
+    v = torch.tensor([1.0, 2.0], device="vnpu")
+    t.put_(idx, v)  # warm-up
+    torch.vnpu.synchronize()
+    t.zero_()
+    g = torch.vnpu.VNPUGraph()
+    with torch.vnpu.graph(g):
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="put_ does not have a deterministic implementation"):
+            t.put_(idx, v)
+        torch.use_deterministic_algorithms(False)
+        t.add_(1)
+    g.replay()
+    g.replay()
+    assert t.cpu().tolist() == [2.0] * 5

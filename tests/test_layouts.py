@@ -223,3 +223,17 @@ def test_out_slices_and_batch_norm_out_give_the_functional_result():
         torch.testing.assert_close(o.cpu(), e)
     torch.testing.assert_close(v_rm.cpu(), rm)
     torch.testing.assert_close(v_rv.cpu(), rv)
+
+
+def test_a_resized_out_takes_the_kernels_layout_as_on_cpu():
+    """A wrong-shape, non-contiguous out= of a linalg op is resized, and CPU's kernel makes it column-major."""
+    s = torch.randn(3, 3, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
+    b = torch.randn(3, 2, dtype=torch.float64)
+    outs = {}
+    for d in ("cpu", "vnpu"):
+        o = torch.zeros(4, 2, dtype=torch.float64, device=d).t()
+        with pytest.warns(UserWarning, match="resized"):
+            torch.linalg.solve(s.to(d), b.to(d), out=o)
+        outs[d] = o
+    assert outs["vnpu"].shape == (3, 2) and outs["vnpu"].stride() == outs["cpu"].stride()
+    torch.testing.assert_close(outs["vnpu"].cpu(), outs["cpu"])

@@ -4,6 +4,8 @@ Each test stands for a whole kind, fixed in the executor (csrc/ops/Executor.cpp)
 (csrc/ops/Overrides.cpp): output metadata that depends on bool/int arguments, lazily conjugated results,
 out= kernels that re-lay out their output, composites that gate on the device type, CPU's overlap errors.
 """
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,3 +206,33 @@ def test_sdpa_out_kernel_keeps_cpu_checks():
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qv, qv, qv, dropout_p=0.5)
         torch.vnpu.synchronize()
     assert torch.equal((qv + 1).cpu(), q + 1)  # the device stays usable
+
+
+def test_source_shape_errors_are_raised_at_the_call_after_a_valid_call():
+    """Meta kernels of these ops do not check the source/value shape against the index or mask; after one valid
+    call the executor trusted them and the error surfaced one synchronization late as an AcceleratorError.
+    CPU raises at the call (Note [Checks Meta kernels lack])."""
+    def cases(d):
+        def idx(values):
+            return torch.tensor(values, device=d)
+
+        ones = functools.partial(torch.ones, device=d)
+        return [
+            (lambda x, n: x.index_put_((idx([0, 2]),), ones(2, n)), RuntimeError),
+            (lambda x, n: x.__setitem__(idx([True, False, True][: 3 if n == 4 else 2]), ones(4)), IndexError),
+            (lambda x, n: x.masked_scatter_(ones(3, 4, dtype=torch.bool), ones(12 if n == 4 else 5)), RuntimeError),
+            (lambda x, n: x.put_(idx([0, 2]), ones(2 if n == 4 else 3)), IndexError),
+            (lambda x, n: x.index_reduce_(0, idx([0, 2]), ones(2, n), "prod"), RuntimeError),
+        ]
+
+    for (call, exc), (call_cpu, _) in zip(cases("vnpu"), cases("cpu")):
+        call(torch.zeros(3, 4, device="vnpu"), 4)  # valid: warms whatever is cached per op
+        torch.vnpu.synchronize()
+        x = torch.zeros(3, 4, device="vnpu")
+        with pytest.raises(exc):
+            call(x, 5)
+        torch.vnpu.synchronize()  # nothing left pending
+        x_cpu = torch.zeros(3, 4)
+        with pytest.raises(exc):
+            call_cpu(x_cpu, 5)
+        assert torch.equal(x.cpu(), x_cpu)  # what CPU's kernel leaves when it raises (masked_scatter_: a prefix)

@@ -1154,8 +1154,19 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, Device
   // check it, CPU's raises at the call. An empty out=/in-place argument is not
   // an empty input: composites call `op.out(empty(0), ...)` all the time.
   if (info.sync_if_arg >= 0 && !args[info.sync_if_arg].isNone()) return run_sync(op, info, stack, dev);
-  if (info.alerts_if_deterministic && at::globalContext().deterministicAlgorithms())
-    return run_sync(op, info, stack, dev);  // Note [Deterministic alerts at the call]
+  if (info.alerts_if_deterministic && at::globalContext().deterministicAlgorithms()) {
+    // Note [Deterministic alerts at the call]
+    if (!is_current_stream_capturing()) return run_sync(op, info, stack, dev);
+    // A capture cannot wait for the stream: CPU's kernel on stand-in inputs
+    // raises (or warns) the alert at the call instead; the op is captured.
+    try {
+      Stack standin = standin_stack(op, args);
+      op.redispatchBoxed(DispatchKeySet(DispatchKey::CPU), &standin);
+    } catch (const c10::Error& e) {
+      if (std::string_view(e.what()).find("does not have a deterministic implementation") != std::string_view::npos)
+        throw;
+    }
+  }
   if (info.sync_if_mask_arg >= 0 && args[info.sync_if_mask_arg].isList()) {
     for (const IValue& e : args[info.sync_if_mask_arg].toListRef()) {
       if (!e.isTensor() || !e.toTensor().defined()) continue;
@@ -1571,7 +1582,13 @@ bool run_with_contiguous_outs(const c10::OperatorHandle& op, OpInfo& info, Stack
   }
   run_path(op, info, stack, dev);
   for (auto& [o, tmp] : outs) {
-    if (!o.sizes().equals(tmp.sizes())) at::native::resize_output(o, tmp.sizes());
+    if (!o.sizes().equals(tmp.sizes())) {
+      // A resized out= tensor takes the layout the kernel gave its stand-in
+      // (linalg kernels make a resized out column-major, as on CPU).
+      at::native::resize_output(o, tmp.sizes());
+      if (!o.strides().equals(tmp.strides()) && tmp.is_non_overlapping_and_dense())
+        o.as_strided_(tmp.sizes(), tmp.strides(), o.storage_offset());
+    }
     o.copy_(tmp);
   }
   // Returns that alias an out= argument are that argument.

@@ -32,7 +32,11 @@ bool meta_lacks_checks(const std::string& name) {
       // int and list arguments, sizes
       "aten::convolution", "aten::convolution_overrideable", "aten::convolution_backward",
       "aten::convolution_backward_overrideable", "aten::index_add", "aten::index_add_", "aten::index_add.out",
-      "aten::as_strided_scatter", "aten::as_strided_scatter.out"};
+      "aten::as_strided_scatter", "aten::as_strided_scatter.out",
+      // source/value shapes checked against the index or mask (CPU raises at the call)
+      "aten::_index_put_impl_", "aten::index_put_", "aten::index_put", "aten::index_put.out",
+      "aten::masked_scatter_", "aten::masked_scatter", "aten::masked_scatter.out", "aten::put_", "aten::put",
+      "aten::put.out", "aten::index_reduce_", "aten::index_reduce", "aten::index_reduce.out"};
   return in(ops, name);
 }
 
