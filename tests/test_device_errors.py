@@ -171,3 +171,24 @@ def test_cpu_scalar_out_is_rejected_like_cuda(call):
         call(x, o)
     assert o.item() == 7.0
     torch.testing.assert_close(torch.add(x, torch.tensor(1.0)).cpu(), x.cpu() + 1)  # CPU scalar input still fine
+
+
+def test_quantized_tensors_are_refused_at_the_call():
+    """vnpu has no quantized kernels: every way to make a quantized vnpu tensor raises NotImplementedError at the
+    call (it used to return a tensor whose dtype said quint8 while is_quantized was False, and whose kernel failed
+    later); the device and other tensors stay healthy."""
+    x = torch.randn(4, device="vnpu")
+    scales, zeros = torch.tensor([0.1, 0.2], device="vnpu"), torch.tensor([0, 0], device="vnpu")
+    makers = [
+        lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.quint8),
+        lambda: torch.quantize_per_tensor_dynamic(x, torch.quint8, False),
+        lambda: torch.quantize_per_channel(x.view(2, 2), scales, zeros, 0, torch.qint8),
+        lambda: torch._empty_affine_quantized((2,), scale=0.1, zero_point=0, dtype=torch.quint8, device="vnpu"),
+        lambda: torch.empty(3, dtype=torch.qint8, device="vnpu"),
+        lambda: torch.quantize_per_tensor(x.cpu(), 0.1, 0, torch.quint8).to("vnpu"),
+    ]
+    for make in makers:
+        with pytest.raises(NotImplementedError, match="does not support quantized tensors"):
+            make()
+    torch.vnpu.synchronize()  # nothing pending
+    assert torch.equal((x * 2).cpu(), x.cpu() * 2)

@@ -187,6 +187,7 @@ struct OpInfo {
   int sync_if_arg = -1;                     // runs synchronously when this argument is given (host_checks_data)
   int sync_if_mask_arg = -1;                // runs synchronously when this list holds a mask (sync_only_for_masks)
   bool alerts_if_deterministic = false;     // Note [Deterministic alerts at the call]
+  bool makes_quantized = false;             // Note [No quantized tensors on vnpu]
   std::atomic<uint64_t> calls{0};         // executions (torch.vnpu.get_executed_ops)
   std::unique_ptr<MetaCache> meta_cache = std::make_unique<MetaCache>();
 };
@@ -289,6 +290,8 @@ void compute_info(OpInfo& info, const c10::OperatorHandle& op) {
   }
   info.meta_lacks_checks = meta_lacks_checks(info.name);
   info.alerts_if_deterministic = alerts_if_deterministic(info.name);
+  // Their Meta kernels claim float outputs: the dtype check in infer_meta cannot see them.
+  info.makes_quantized = info.name.rfind("aten::quantize_per", 0) == 0 || info.name.rfind("aten::_make_per_", 0) == 0;
   // Note [In-place ops never resize self]
   // CPU's in-place kernels raise "output with shape [..] doesn't match the
   // broadcast shape [..]" when the result would not fit `self`, and so does
@@ -826,6 +829,19 @@ bool same_meta(const TensorMeta& a, const TensorMeta& b) {
   return true;
 }
 
+// Note [No quantized tensors on vnpu]
+// vnpu has no QuantizedPrivateUse1 kernels: a quantize op run as a plain
+// kernel would return a tensor whose dtype says quint8 while is_quantized is
+// False, and whose every later use fails. Such a call is refused at the call
+// instead, with one error (as is every op reaching the QuantizedPrivateUse1
+// key: quantized_fallback below).
+[[noreturn]] void refuse_quantized(const std::string& op, std::optional<ScalarType> dtype = std::nullopt) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op, " would make a quantized tensor",
+                              dtype ? c10::str(" (", *dtype, ")") : std::string(),
+                              " on vnpu, which does not support quantized tensors. Run quantized code on the "
+                              "CPU (tensor.cpu()), or dequantize first.");
+}
+
 // Whether the tensor of mutable argument `i` is passed as another argument too
 // (TensorIterator's "output is also an input": it may not be resized).
 bool is_also_input(ArrayRef<IValue> args, size_t i) {
@@ -915,6 +931,8 @@ MetaQuery infer_meta(const c10::OperatorHandle& op, OpInfo& info, ArrayRef<IValu
     result->returns.push_back(std::move(ms));
     result->return_is_list.push_back(is_list);
   }
+  for (const auto& ms : result->returns)  // See Note [No quantized tensors on vnpu]
+    for (const auto& m : ms) if (m.defined && isQIntType(m.dtype)) refuse_quantized(info.name, m.dtype);
   for (size_t i = 0; i < args.size(); ++i) {
     if (info.mutable_arg[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
       result->mutated.emplace_back(i, tensor_meta(meta_args[i].toTensor()));
@@ -1356,6 +1374,7 @@ void run_sync(const c10::OperatorHandle& op, OpInfo& info, Stack* stack, DeviceI
   }
   auto to_vnpu = [&](const Tensor& t) -> Tensor {
     if (!t.defined() || t.device().type() == kVNPU) return t;
+    if (t.is_quantized()) refuse_quantized(info.name, t.scalar_type());  // Note [No quantized tensors on vnpu]
     for (const auto& a : args) {  // a view of an input: share its device storage
       if (a.isTensor() && a.toTensor().defined() && a.toTensor().device().type() == kVNPU &&
           ctx.cpu_storage_of(a.toTensor().storage().unsafeGetStorageImpl()->data_ptr().get()) ==
@@ -1633,6 +1652,7 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   info.calls.fetch_add(1, std::memory_order_relaxed);
   if (!info.slow_reason.empty()) record_fallback(info.name, info.slow_reason);
   if (info.path != Path::View && info.path != Path::InplaceView) raise_overlap_errors_like_cpu(op, info, torch::jit::last(*stack, n));
+  if (info.makes_quantized) refuse_quantized(info.name);
   if (info.functional_op) return run_out_via_functional(op, info, stack);
   if (info.any_out_arg && info.path != Path::View && info.path != Path::InplaceView &&
       run_with_contiguous_outs(op, info, stack, dev))
@@ -1642,6 +1662,18 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&executor_fallback>());
+}
+
+namespace {
+void quantized_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), " on vnpu with a quantized dtype or quantized tensors: vnpu "
+                              "does not support quantized tensors. Run quantized code on the CPU (tensor.cpu()).");
+}
+}  // namespace
+
+// See Note [No quantized tensors on vnpu].
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
 }
 
 }  // namespace at::vnpu
