@@ -236,3 +236,19 @@ def test_source_shape_errors_are_raised_at_the_call_after_a_valid_call():
         with pytest.raises(exc):
             call_cpu(x_cpu, 5)
         assert torch.equal(x.cpu(), x_cpu)  # what CPU's kernel leaves when it raises (masked_scatter_: a prefix)
+
+
+def test_histc_of_non_finite_data_raises_at_the_call():
+    """With min == max the range comes from the data: CUDA reads it on the host and raises at the call, as CPU
+    does; vnpu raised only at the next synchronization."""
+    for bad in (float("inf"), float("nan")):
+        x = torch.tensor([1.0, bad])
+        with pytest.raises(RuntimeError, match="is not finite") as cpu:
+            torch.histc(x)
+        with pytest.raises(RuntimeError, match="is not finite") as vn:
+            torch.histc(x.to("vnpu"))
+        assert str(vn.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    torch.vnpu.synchronize()
+    # an explicit finite range never looks at the data's range (inf is just outside it)
+    y = torch.tensor([1.0, float("inf"), 2.5])
+    assert torch.equal(torch.histc(y.to("vnpu"), 4, 0, 3).cpu(), torch.histc(y, 4, 0, 3))

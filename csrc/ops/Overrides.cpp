@@ -15,8 +15,12 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/histc.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
+
+#include <cmath>
 
 namespace at::vnpu {
 namespace {
@@ -121,6 +125,13 @@ void histc(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::St
   auto args = stack->end() - n;
   const Tensor self = args[0].toTensor();
   if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    // min == max (the default 0, 0): the range comes from the data, which
+    // CUDA reads on the host (.item()) and checks there, so a non-finite
+    // range raises at the call, as on CPU and CUDA, not on the stream.
+    if (args[2].toScalar().toDouble() == args[3].toScalar().toDouble() && self.numel() > 0) {
+      const double lo = self.min().item<double>(), hi = self.max().item<double>();
+      TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi, "] is not finite");
+    }
     executor_fallback(op, ks, stack);
     return;
   }
