@@ -148,6 +148,7 @@ _BLOCKING_SCRIPT = textwrap.dedent(r'''
     except RuntimeError as e:
         print("RAISED_AT", where)
         print("MSG", str(e).splitlines()[0])
+        print("HINT", "VNPU_LAUNCH_BLOCKING" in str(e))
     torch.vnpu.synchronize()
     print("USABLE", (torch.arange(4, device="vnpu") * 3).sum().item())
 ''')
@@ -162,4 +163,5 @@ def test_launch_blocking_raises_at_failing_call():
     assert "RAISED_AT None" in out, out  # raised by the index_select call itself
     msg = [line for line in out.splitlines() if line.startswith("MSG")][0]
     assert "index_select" in msg and "vnpu:0" in msg, msg
+    assert "HINT False" in out, out  # no "set VNPU_LAUNCH_BLOCKING=1" advice when it is set
     assert "USABLE 18" in out, out

@@ -35,10 +35,19 @@ void throw_runtime_error(vnpuError_t err, const char* expr, const char* file, co
     case vnpuErrorLaunchFailure:
       // As on CUDA, an asynchronous kernel failure surfaces at the next
       // synchronizing call, carrying the kernel's name and its own message.
+    {
+      // Under VNPU_LAUNCH_BLOCKING=1 the error is already raised at the failing call: no hint.
+      static const bool blocking = [] {
+        int v = 0;
+        return vnpuGetEnvFlag("VNPU_LAUNCH_BLOCKING", 0, &v) == vnpuSuccess && v == 1;
+      }();
       throw_accelerator_error(err, func, file, line,
                               std::string("vNPU error: ") + vnpuGetLastErrorString() +
-                                  "\nvNPU kernel errors are reported asynchronously at the next synchronizing "
-                                  "call; set VNPU_LAUNCH_BLOCKING=1 to raise them at the failing call.");
+                                  (blocking ? std::string()
+                                            : std::string("\nvNPU kernel errors are reported asynchronously at the "
+                                                          "next synchronizing call; set VNPU_LAUNCH_BLOCKING=1 to "
+                                                          "raise them at the failing call.")));
+    }
     case vnpuErrorMemoryAllocation:
       TORCH_CHECK_WITH(OutOfMemoryError, false, "vNPU out of memory", where);
     case vnpuErrorForkedAfterInit:
