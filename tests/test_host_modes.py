@@ -31,24 +31,24 @@ def _restore_modes():
 
 
 def test_deterministic_mode_applies_to_kernels_queued_before_it_is_switched_off():
-    """index_copy with duplicate indices: CPU's deterministic path (serial) vs its parallel one give different
-    results; a kernel called under deterministic mode must take the deterministic path even when the mode is
-    switched off before the stream reaches it (it did not in 4-7 runs of 10)."""
+    """index_put_(accumulate=True): the deterministic path (sorted indices) and the default one each give a
+    reproducible result, and the two differ in the last bits. A kernel called under deterministic mode must
+    take that path even when the mode is switched off before the stream reaches it (index_copy with duplicates
+    went the wrong way in 4-7 runs of 10)."""
     g = torch.Generator().manual_seed(0)
     n = 1 << 16
-    idx = torch.randint(0, 64, (n,), generator=g)
-    src = torch.randn(n, 8, generator=g)
+    idx = torch.randint(0, 8, (n,), generator=g)
+    val = torch.randn(n, generator=g) * 1e3
     torch.use_deterministic_algorithms(True)
-    expected = torch.zeros(64, 8).index_copy(0, idx, src)
+    expected = torch.zeros(8).index_put_((idx,), val, accumulate=True)
     torch.use_deterministic_algorithms(False)
-    if all(torch.equal(torch.zeros(64, 8).index_copy(0, idx, src), expected) for _ in range(5)):
-        pytest.skip("CPU's parallel index_copy matched its deterministic path 5 times (one core free?): this "
-                    "machine cannot tell the two modes apart")
-    idx_v, src_v = idx.to("vnpu"), src.to("vnpu")
-    for _ in range(10):
+    idx_v, val_v = idx.to("vnpu"), val.to("vnpu")
+    default = torch.zeros(8, device="vnpu").index_put_((idx_v,), val_v, accumulate=True)
+    assert not torch.equal(default.cpu(), expected), "the two paths agree: nothing to tell apart"
+    for _ in range(5):
         _busy()
         torch.use_deterministic_algorithms(True)
-        out = torch.zeros(64, 8, device="vnpu").index_copy(0, idx_v, src_v)
+        out = torch.zeros(8, device="vnpu").index_put_((idx_v,), val_v, accumulate=True)
         torch.use_deterministic_algorithms(False)
         assert torch.equal(out.cpu(), expected)
 
