@@ -4,7 +4,8 @@
 # and iproute2. Undo with scripts/netns_teardown.sh PREFIX.
 #
 #   scripts/netns_setup.sh vnpu-host      # creates vnpu-host0, vnpu-host1
-#   ip netns exec vnpu-host0 env GLOO_SOCKET_IFNAME=vnpu-host0-v torchrun --nnodes 2 --node-rank 0 ...
+#   then one torchrun per namespace, with --rdzv-conf is_host=... and --local-addr (the command and why:
+#   docs/distributed.md, "Two hosts")
 #
 # Each namespace has its own loopback and one interface, PREFIX<i>-v; processes in the two namespaces
 # reach each other only over the veth pair (TCP), as two hosts would. vccl treats processes in different

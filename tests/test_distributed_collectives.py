@@ -590,6 +590,21 @@ def _groups(rank, ws):
     except RuntimeError as e:
         if "cpu" not in str(e):
             fails.append(f"cpu tensor error does not name the device: {e}")
+        # the error says what to do (a note, shown with the traceback), for every collective
+        if "cpu:gloo,vnpu:vccl" not in "".join(getattr(e, "__notes__", [])) or "tensor.to('vnpu')" not in e.__notes__[0]:
+            fails.append(f"cpu tensor error says not what to do: {getattr(e, '__notes__', None)}")
+    for call in (lambda: dist.broadcast(torch.ones(2), 0, group=vonly),
+                 lambda: dist.all_gather_into_tensor(torch.empty(4), torch.ones(2), group=vonly)):
+        try:
+            call()
+            fails.append("cpu tensor in a vccl-only group did not raise")
+        except RuntimeError as e:
+            if len(getattr(e, "__notes__", [])) != 1:
+                fails.append(f"notes: {getattr(e, '__notes__', None)}")
+    t = torch.ones(3, device="vnpu")
+    dist.all_reduce(t, group=vonly)  # the group stays usable
+    if t.tolist() != [2.0] * 3:
+        fails.append(f"vccl-only group after the error {t.tolist()}")
     for grp in (g, g0, vonly):
         if grp is not None and grp != dist.GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(grp)

@@ -5,6 +5,7 @@ where network namespaces cannot be created (needs root/CAP_NET_ADMIN and iproute
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,36 @@ def reference(tmp_path_factory):
                                "--quiet"])
 
 
-@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def _docs_block(page: str, marker: str) -> str:
+    """The fenced code block that follows ``<!-- tested: ...marker -->`` on a docs page."""
+    text = open(os.path.join(ROOT, "docs", page)).read()
+    match = re.search(r"<!-- tested: [^>]*" + re.escape(marker) + r" -->\n```bash\n(.*?)```", text, re.S)
+    assert match, f"docs/{page} has no block marked {marker}"
+    return match.group(1)
+
+
+def test_two_hosts_command_from_the_docs(hosts, reference, tmp_path):
+    """docs/distributed.md's two-host command, run as written (bash, from the repository root): DDP over two
+    namespaces trains like one process."""
+    result_file = os.path.join(ROOT, "out", "two-hosts", "losses.json")
+    if os.path.exists(result_file):
+        os.remove(result_file)
+    script = tmp_path / "two_hosts.sh"
+    script.write_text(_docs_block("distributed.md", "test_two_hosts_command_from_the_docs"))
+    # .venv/bin/torchrun as written: this interpreter's environment wherever the tests run from
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    if os.path.realpath(venv) != os.path.realpath(os.path.join(ROOT, ".venv")):
+        pytest.skip(f"the docs' command uses .venv/bin/torchrun; these tests run from {venv}")
+    proc = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and os.path.exists(result_file), proc.stdout[-2000:] + proc.stderr[-4000:]
+    with open(result_file) as f:
+        result = json.load(f)
+    assert result["world_size"] == 2 and result["transport"] == "gloo"  # across hosts: Gloo over TCP
+    for a, b in zip(reference["train"], result["train"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a), (reference["train"], result["train"])
+
+
+@pytest.mark.parametrize("mode", [pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_hosts_train_like_one_process(mode, hosts, reference, tmp_path):
     port = free_port()
     procs = []

@@ -108,6 +108,68 @@ def test_torch_compile_under_port_mode_matches_cpu(tmp_path):
     assert port["losses"][-1] < port["losses"][0]
 
 
+def _ddp_reference(world: int, steps: int = 5):
+    """What DDP computes for port_scripts/ddp_cuda.py, in one CPU process: each rank's loss on its own batch,
+    the gradient averaged over the ranks, SGD."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gens = [torch.Generator().manual_seed(r) for r in range(world)]
+    losses = []
+    for _ in range(steps):
+        batches = [(torch.randn(32, 20, generator=g), torch.randn(32, 1, generator=g)) for g in gens]
+        opt.zero_grad()
+        per_rank = [torch.nn.functional.mse_loss(model(x), y) for x, y in batches]
+        (sum(per_rank) / world).backward()
+        opt.step()
+        losses.append(per_rank[0].item())
+    return losses, model
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_ddp_tutorial_script_with_nccl_under_port_mode(nodes, tmp_path):
+    """torch.cuda.set_device(LOCAL_RANK) + init_process_group("nccl") + DDP(device_ids=[gpu]), launched by torchrun
+    on one node (2 processes) and as two nodes (--nnodes 2 --rdzv-backend c10d): vccl, results as DDP's math."""
+    from torch_vnpu.testing.distributed import free_port
+
+    out = tmp_path / "ddp.json"
+    script = [os.path.join(SCRIPTS, "ddp_cuda.py"), str(out)]
+    port = free_port()
+    if nodes == 1:
+        launches = [["--nproc-per-node", "2", "--master-port", str(port)]]
+    else:
+        launches = [["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                     f"127.0.0.1:{port}"]] * 2
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch, "-m", "torch_vnpu.port.run",
+                               *script], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for launch in launches]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    got = json.loads(out.read_text())
+    losses, model = _ddp_reference(2)
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(got["weight"]), model.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(got["bias"]), model.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert got["device"] == "vnpu:0" and got["backend"] == "vccl" and got["nccl_available"] is True
+    assert got["pair"] == [[3.0, 3.0], [3.0, 3.0], "vnpu:0", "cpu:gloo,vnpu:vccl"]
+    assert got["mesh"] == ["vnpu", [3.0, 3.0, 3.0], "vnpu:0"]
+
+
+def test_port_mode_backend_strings():
+    from torch_vnpu.port._cuda import map_backend
+
+    assert map_backend("nccl") == "vccl" and map_backend("NCCL") == "vccl"
+    assert map_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,vnpu:vccl"
+    assert map_backend("cuda:nccl") == "vnpu:vccl"
+    for unchanged in ("gloo", "vccl", "cpu:gloo", "cpu:gloo,vnpu:vccl", "mpi"):
+        assert map_backend(unchanged) == unchanged
+
+
 def test_port_mode_mappings_in_process(tmp_path):
     code = """
         import json, torch

@@ -13,6 +13,11 @@ Each patch wraps one torch function and changes only the vnpu/vccl case:
    vccl). Upstream fixed this in pytorch#179901 (after 2.13).
 3. ``monitored_barrier`` refuses every group whose ``get_backend()`` is not "gloo"; groups with a cpu
    gloo backend, or a vccl backend (which implements it through its own Gloo), are accepted.
+4. A tensor on a device the group has no backend for (a cpu tensor in a group created with backend "vccl", as
+   with "nccl") fails in C++ with "No backend type associated with device type cpu", which does not say what
+   to do. Every public c10d function reports its exceptions through ``c10d_logger._get_msg_dict``; the patch
+   adds a note (PEP 678, shown with the traceback) to that error there, so the function objects Dynamo
+   recognises stay torch's own.
 """
 
 from __future__ import annotations
@@ -100,6 +105,43 @@ def _patch_monitored_barrier() -> None:
     dist.monitored_barrier = monitored_barrier
 
 
+_NO_BACKEND = "No backend type associated with device type "
+
+
+def _no_backend_hint(message: str) -> str | None:
+    if _NO_BACKEND not in message:
+        return None
+    rest = message.split(_NO_BACKEND, 1)[1].split()
+    device = rest[0].strip(".") if rest else "?"
+    if device == "cpu":
+        return ("torch_vnpu: this process group has no backend for cpu tensors (a group created with backend "
+                "'vccl' moves vnpu tensors only, as 'nccl' moves CUDA tensors only). Move the tensor to vnpu "
+                "(tensor.to('vnpu')), or give the group a cpu backend too: init_process_group() / new_group() "
+                "without a backend picks 'cpu:gloo,vnpu:vccl', or pass backend='cpu:gloo,vnpu:vccl'.")
+    return (f"torch_vnpu: this process group has no backend for {device} tensors. Move the tensor to a device "
+            f"the group serves (see its backend string, torch.distributed.get_backend(group)), or create the "
+            f"group with a '{device}:<backend>' entry in its backend string.")
+
+
+def _patch_no_backend_message() -> None:
+    import sys
+
+    from torch.distributed import c10d_logger
+
+    original = c10d_logger._get_msg_dict
+
+    @functools.wraps(original)
+    def _get_msg_dict(*args, **kwargs):
+        error = sys.exc_info()[1]
+        if isinstance(error, RuntimeError) and not getattr(error, "__notes__", None):
+            hint = _no_backend_hint(str(error))
+            if hint is not None:
+                error.add_note(hint)
+        return original(*args, **kwargs)
+
+    c10d_logger._get_msg_dict = _get_msg_dict
+
+
 def install() -> None:
     """Applies the patches once (torch 2.13 only; later versions carry the upstream fixes)."""
     global _installed
@@ -108,4 +150,5 @@ def install() -> None:
     _patch_backend_config()
     _patch_default_backend()
     _patch_monitored_barrier()
+    _patch_no_backend_message()
     _installed = True

@@ -19,6 +19,10 @@ What it changes, process-wide, until :func:`disable`:
   torch's internals then keep using real CUDA where they check it, and the libraries pick vnpu through
   ``torch_vnpu.integrations`` instead of taking their CUDA code paths. ``torch.cuda.memory``'s functions
   likewise, with the memory history API (``_record_memory_history``, ``_snapshot``, ``_dump_snapshot``);
+* ``torch.distributed``: the backend ``"nccl"`` (alone, or as ``"cuda:nccl"`` in ``"cpu:gloo,cuda:nccl"``) means
+  vccl on vnpu, in ``init_process_group``, ``new_group`` and every other call that takes a backend string;
+  ``torch.distributed.is_nccl_available()`` is True for the script's calls; ``dist.get_backend()`` then reports
+  ``"vccl"``; ``init_device_mesh("cuda", ...)`` / ``DeviceMesh("cuda", ...)`` build a vnpu mesh;
 * ``torch.profiler.profile(activities=[..., ProfilerActivity.CUDA])`` records vnpu's device activity
   (``PrivateUse1``), as CUDA's would be;
 
@@ -35,9 +39,10 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["enable", "disable", "is_enabled", "map_device"]
+__all__ = ["enable", "disable", "is_enabled", "map_device", "map_backend"]
 
 _TARGET = "vnpu"
+_BACKEND = "vccl"
 
 # Callers (module __name__ prefixes) that see the real torch.cuda.
 _REAL_CUDA_CALLERS = (
@@ -113,6 +118,25 @@ def map_device(device):
     elif isinstance(device, torch.device) and device.type == "cuda":
         return torch.device(_TARGET, device.index)
     return device
+
+
+def map_backend(backend):
+    """A process-group backend string of CUDA -> vnpu's: ``"nccl"`` -> ``"vccl"``, ``"cuda:nccl"`` ->
+    ``"vnpu:vccl"`` (also inside ``"cpu:gloo,cuda:nccl"``); anything else unchanged."""
+    if not isinstance(backend, str):
+        return backend
+    if backend.lower() == "nccl":
+        return _BACKEND
+    if ":" not in backend:
+        return backend
+    pairs = []
+    for pair in backend.split(","):
+        device, _, name = pair.partition(":")
+        if device.strip().lower() == "cuda":
+            device = _TARGET
+            name = _BACKEND if name.strip().lower() == "nccl" else name
+        pairs.append(f"{device}:{name}")
+    return ",".join(pairs)
 
 
 class _CudaToVnpu(TorchFunctionMode):
@@ -284,6 +308,31 @@ def enable() -> torch.device:
         set_default_device(map_device(device))
 
     _save(torch, "set_default_device", port_set_default_device)
+
+    # init_process_group("nccl") / new_group(backend="cpu:gloo,cuda:nccl"): every backend string reaches
+    # torch.distributed through Backend(...), so the mapping there covers each entry point and each import form.
+    import torch.distributed as dist
+
+    if dist.is_available():
+        backend_new = dist.Backend.__new__
+
+        def port_backend_new(cls, name):
+            return backend_new(cls, map_backend(name))
+
+        _save(dist.Backend, "__new__", port_backend_new)
+        # `backend = "nccl" if dist.is_nccl_available() else "gloo"`: the script means "the GPU's backend".
+        _save(dist, "is_nccl_available", _forwarder(dist.is_nccl_available, lambda: True))
+        # init_device_mesh("cuda", ...), DeviceMesh("cuda", ...), DeviceMesh.from_group(..., "cuda") all construct
+        # through DeviceMesh.__init__.
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh_init = DeviceMesh.__init__
+
+        @functools.wraps(mesh_init)
+        def device_mesh___init__(self, device_type, *args, **kwargs):
+            mesh_init(self, map_device(device_type), *args, **kwargs)
+
+        _save(DeviceMesh, "__init__", device_mesh___init__)
 
     _mode = _CudaToVnpu()
     _mode.__enter__()
