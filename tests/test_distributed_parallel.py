@@ -361,11 +361,16 @@ class _GPTBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def _tp_plan():
+def _tp_plan(dtensor_attention=False):
+    """Column-parallel q/k/v (heads split over the TP ranks), row-parallel output projection. With
+    dtensor_attention, q/k/v stay DTensors (use_local_output=False), so scaled_dot_product_attention runs on
+    DTensors sharded by heads and DTensor picks its sharding strategy (as torchtitan-style Llama blocks do)."""
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
-            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    qkv = ColwiseParallel(use_local_output=not dtensor_attention)
+    proj = RowwiseParallel(input_layouts=Shard(-1)) if dtensor_attention else RowwiseParallel()
+    return {"q": qkv, "k": qkv, "v": qkv, "proj": proj, "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 
 
 def _tensor_parallel(rank, ws):
@@ -388,6 +393,23 @@ def _tensor_parallel(rank, ws):
     ry.square().mean().backward()
     res["grad"] = max((getattr(block, n).weight.grad.full_tensor() - getattr(ref, n).weight.grad).abs().max().item()
                       for n in ("q", "k", "v", "proj", "fc1", "fc2"))
+    # attention on DTensors sharded by heads: sdpa's fused op has DTensor's sharding strategy, as on CUDA
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    block = _GPTBlock().to("vnpu")
+    ref = copy.deepcopy(block)
+    parallelize_module(block, mesh, _tp_plan(dtensor_attention=True))
+    seen = []
+    block.q.register_forward_hook(lambda m, i, o: seen.append((type(o).__name__, tuple(o.placements))))
+    y, ry = block(x), ref(x)
+    res["dtensor_q"] = seen[0][0] == DTensor.__name__ and seen[0][1] == (Shard(2),)
+    res["dtensor_forward"] = (y - ry).abs().max().item()
+    y.square().mean().backward()
+    ry.square().mean().backward()
+    res["dtensor_grad"] = max(
+        (getattr(block, n).weight.grad.full_tensor() - getattr(ref, n).weight.grad).abs().max().item()
+        for n in ("q", "k", "v", "proj"))
     # sequence parallel: LayerNorm on sequence shards, then column/row parallel linears
     torch.manual_seed(1)
     seq = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).to("vnpu")
@@ -404,6 +426,100 @@ def test_tensor_and_sequence_parallel_gpt_block(world):
     for r in world.run(_tensor_parallel):
         assert r["q_local_rows"] == 16
         assert r["forward"] < 1e-5 and r["grad"] < 1e-5 and r["sequence_parallel"] < 1e-5, r
+        assert r["dtensor_q"] and r["dtensor_forward"] < 1e-5 and r["dtensor_grad"] < 1e-5, r
+
+
+# ---------------------------------------------------------------- context parallel
+
+class _CausalLM(nn.Module):
+    """A Llama-style causal LM (RMSNorm, q/k/v projections, causal scaled_dot_product_attention, SiLU-gated MLP,
+    no positional embedding): the model context parallelism shards along the sequence."""
+
+    def __init__(self, vocab=64, d=32, n_head=4, layers=2):
+        super().__init__()
+        self.n_head = n_head
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "norm1": nn.RMSNorm(d), "q": nn.Linear(d, d, bias=False), "k": nn.Linear(d, d, bias=False),
+            "v": nn.Linear(d, d, bias=False), "o": nn.Linear(d, d, bias=False), "norm2": nn.RMSNorm(d),
+            "gate": nn.Linear(d, 2 * d, bias=False), "up": nn.Linear(d, 2 * d, bias=False),
+            "down": nn.Linear(2 * d, d, bias=False)}) for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, C = x.shape
+        for b in self.blocks:
+            h = b["norm1"](x)
+            q, k, v = (b[n](h).view(B, T, self.n_head, -1).transpose(1, 2) for n in ("q", "k", "v"))
+            x = x + b["o"](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+            h = b["norm2"](x)
+            x = x + b["down"](F.silu(b["gate"](h)) * b["up"](h))
+        return self.head(x)
+
+
+def _cp_batches(steps, batch, seq=128, vocab=64):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, vocab, (batch, seq + 1), generator=g) for _ in range(steps)]
+
+
+def _context_parallel(rank, ws, fsdp):
+    """CP=2 (with fsdp: a 2 x 2 mesh, FSDP over dp x cp, CP over cp): each rank trains on its sequence shards
+    (load-balanced, ring attention over sdpa); the reference trains one copy on the whole batch and sequence."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.experimental import context_parallel
+
+    if fsdp:
+        mesh = init_device_mesh("vnpu", (2, 2), mesh_dim_names=("dp", "cp"))
+        cp_mesh, dp_rank, dp = mesh["cp"], mesh.get_local_rank("dp"), 2
+    else:
+        mesh = cp_mesh = init_device_mesh("vnpu", (ws,), mesh_dim_names=("cp",))
+        dp_rank, dp = 0, 1
+    torch.manual_seed(0)
+    model = _CausalLM().to("vnpu")
+    ref = copy.deepcopy(model)
+    if fsdp:
+        fully_shard(model, mesh=mesh["dp", "cp"]._flatten())
+    opt, ropt = torch.optim.SGD(model.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    losses, ref_losses = [], []
+    for data in _cp_batches(3, batch=2 * dp):
+        data = data.to("vnpu")
+        rl = F.cross_entropy(ref(data[:, :-1]).flatten(0, 1), data[:, 1:].flatten())
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        ref_losses.append(rl.item())
+        mine = data.chunk(dp)[dp_rank]
+        ids, labels = mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
+        with context_parallel(cp_mesh, buffers=[ids, labels], buffer_seq_dims=[1, 1], no_restore_buffers={ids, labels}):
+            loss = F.cross_entropy(model(ids).flatten(0, 1), labels.flatten())
+            loss.backward()
+        if not fsdp:  # the ranks hold replicas: average their gradients (FSDP's reduce-scatter does it above)
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        opt.step()
+        opt.zero_grad()
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss, op=dist.ReduceOp.AVG)
+        losses.append(global_loss.item())
+    params = [p.full_tensor() if fsdp else p for p in model.parameters()]
+    return {"losses": losses, "ref_losses": ref_losses, "params": _max_diff(params, ref.parameters()),
+            "local_len": ids.shape[1]}
+
+
+def test_context_parallel_causal_lm_matches_one_process(world):
+    for r in world.run(_context_parallel, False):
+        assert r["local_len"] == 64  # the sequence is sharded
+        torch.testing.assert_close(r["losses"], r["ref_losses"], rtol=1e-5, atol=1e-5)
+        assert r["params"] < 1e-5, r
+
+
+def test_context_parallel_x_fsdp_on_a_2d_mesh_of_4_ranks(world4):
+    for r in world4.run(_context_parallel, True):
+        assert r["local_len"] == 64
+        torch.testing.assert_close(r["losses"], r["ref_losses"], rtol=1e-5, atol=1e-5)
+        assert r["params"] < 1e-5, r
 
 
 # ---------------------------------------------------------------- pipeline parallel
@@ -510,8 +626,8 @@ def _fsdp_tp(rank, ws):
     torch.manual_seed(0)
     model = nn.Sequential(_GPTBlock(), _GPTBlock()).to("vnpu")
     ref = copy.deepcopy(model)
-    for blk in model:
-        parallelize_module(blk, mesh["tp"], _tp_plan())
+    for i, blk in enumerate(model):  # the second block's attention runs on DTensors
+        parallelize_module(blk, mesh["tp"], _tp_plan(dtensor_attention=i == 1))
         fully_shard(blk, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     # SGD: updates linear in the gradients (Adam's sign-like steps would magnify 1e-7 differences of

@@ -5,53 +5,18 @@
 //   e.g. native_layer_norm decomposing into batch norm. They are routed to the
 //   executor instead, which runs the CPU kernel (same numerics as CPU). So are
 //   the few composites that gate on the device type themselves.
-// * scaled_dot_product_attention asks a per-device stub which fused kernel to
-//   use; vnpu answers exactly as CPU does (flash attention for CPU when
-//   eligible), from the tensors' metadata only.
 #include "CpuAlias.h"
 #include "Executor.h"
 
-#include <ATen/native/DispatchStub.h>
 #include <ATen/native/Resize.h>
-#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/histc.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
-#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
 
 #include <cmath>
 
 namespace at::vnpu {
-namespace {
-
-Tensor cpu_meta_view(const Tensor& t, AliasContext& ctx) {
-  if (!t.defined()) return t;
-  Tensor a = ctx.make(spec_of(t));
-  a.set_requires_grad(t.requires_grad());
-  return a;
-}
-
-}  // namespace
-
-int64_t fused_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
-                         double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  // Symbolic sizes (torch.compile with dynamic shapes traces with fake tensors): no CPU alias can hold them,
-  // and the CPU choice reads sizes and strides through sym_size/sym_stride only, so it takes the tensors as
-  // they are.
-  auto symbolic = [](const Tensor& t) { return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); };
-  if (symbolic(q) || symbolic(k) || symbolic(v) || (mask.has_value() && symbolic(*mask)))
-    return at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
-  AliasContext ctx;  // metadata only: the CPU choice never reads the data
-  std::optional<Tensor> m;
-  if (mask.has_value()) m = cpu_meta_view(*mask, ctx);
-  return at::native::_fused_sdp_choice_cpp(cpu_meta_view(q, ctx), cpu_meta_view(k, ctx), cpu_meta_view(v, ctx), m,
-                                           dropout_p, is_causal, scale, enable_gqa);
-}
-
-namespace {
-
-}  // namespace
 
 void register_cpu_kernel_overrides() {
   static torch::Library* lib = [] {
@@ -85,10 +50,6 @@ void register_cpu_kernel_overrides() {
 }
 
 }  // namespace at::vnpu
-
-namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &at::vnpu::fused_sdp_choice)
-}  // namespace at::native
 
 // Convolutions: ATen sends non-CPU/CUDA devices to the *_overrideable ops.
 // vnpu runs them as the generic convolution ops, whose CPU kernels pick the

@@ -251,6 +251,7 @@ class DeviceGuard {
 
 
 # The entry's catch clauses (CppWrapperCodeCache.extra_parse_arg, a str.format template: braces are doubled).
+_STACK_PUSH = re.compile(r"^\s*dispatch_stack_\d+\.emplace_back\(")
 _BASE_CATCH = re.compile(r"\}\} catch\(std::exception const& e\) \{\{.*?\"unhandled error\"\);\s*return nullptr;\s*\}\}",
                          re.S)
 _VNPU_CATCH = """}} catch(...) {{
@@ -461,6 +462,22 @@ class VnpuCppWrapperCodegen(CppWrapperCpu):
                 f"cpp_wrapper=True on vnpu: extern kernel {node.get_kernel_name()} has no ATen operator to "
                 "dispatch; compile with cpp_wrapper=False"
             )
+
+    def generate_fallback_kernel_with_runtime_lookup_boxed(self, op_overload, raw_args, output_args,
+                                                           raw_outputs) -> None:
+        start = len(self.lines)
+        super().generate_fallback_kernel_with_runtime_lookup_boxed(op_overload, raw_args, output_args, raw_outputs)
+        # None for a (non-optional) Tensor argument, e.g. efficient attention backward's attn_bias without a mask:
+        # the generator emits c10::IValue(), which the dispatcher's unboxing rejects ("Expected Tensor but got
+        # None"); ATen means an undefined tensor there (CUDA's C shim passes a null handle).
+        tensor_args = [isinstance(a.type, torch.TensorType) for a in op_overload._schema.arguments]
+        k = 0
+        for i in range(start, len(self.lines)):
+            line = self.lines[i]
+            if isinstance(line, str) and _STACK_PUSH.match(line):
+                if k < len(tensor_args) and tensor_args[k] and line.rstrip().endswith(".emplace_back(c10::IValue());"):
+                    self.lines[i] = line.replace("emplace_back(c10::IValue());", "emplace_back(c10::IValue(at::Tensor()));")
+                k += 1
 
     def _dispatch(self, op_overload, raw_args, output_args, raw_outputs) -> None:
         """A boxed dispatcher call of ``op_overload``: the vnpu op, which the executor enqueues."""
