@@ -279,3 +279,45 @@ def test_oom_raises_and_process_stays_healthy():
     assert stats()["num_ooms"] == ooms + 1
     assert v.memory_allocated() == before
     assert torch.equal((torch.ones(4, device="vnpu") * 2).cpu(), torch.full((4,), 2.0))
+
+
+def test_mem_pool_routes_this_threads_allocations_as_cuda():
+    """torch.vnpu.MemPool / use_mem_pool with torch.cuda's semantics: use_count 1 for the pool, +1 inside the
+    scope; this thread's tensors inside come from the pool's own segments, other threads' and later ones not;
+    the pool's memory goes back at empty_cache once the pool and its tensors are gone."""
+    import threading
+
+    v = torch.vnpu
+    v.synchronize()
+    v.empty_cache()
+    pool = v.MemPool()
+    assert len(pool.id) == 2 and pool.use_count() == 1 and pool.allocator is None
+    before = torch.empty(1000, device="vnpu")
+    other = {}
+    with v.use_mem_pool(pool):
+        assert pool.use_count() == 2
+        inside = torch.empty(1 << 20, device="vnpu")
+        derived = inside + 1
+        t = threading.Thread(target=lambda: other.setdefault("t", torch.empty(1 << 20, device="vnpu")))
+        t.start()
+        t.join()
+    after = torch.empty(1 << 20, device="vnpu")
+    assert pool.use_count() == 1
+    segments = [(s["address"], s["total_size"]) for s in pool.snapshot()]
+    assert segments and all(tuple(s["segment_pool_id"]) == pool.id for s in pool.snapshot())
+
+    def in_pool(x):
+        return any(a <= x.data_ptr() < a + n for a, n in segments)
+
+    assert in_pool(inside) and in_pool(derived)
+    assert not in_pool(before) and not in_pool(after) and not in_pool(other["t"])
+    assert torch.equal(derived.cpu(), inside.cpu() + 1)
+    pool_bytes = sum(n for _, n in segments)
+    del inside, derived
+    reserved = v.memory_reserved()
+    del pool
+    gc.collect()
+    v.empty_cache()
+    assert v.memory_reserved() <= reserved - pool_bytes
+    with pytest.raises(NotImplementedError, match="default allocator"):
+        v.MemPool(use_on_oom=True)

@@ -49,6 +49,29 @@ def test_message_names_both_devices(xy):
     assert "vnpu:0" in msg and "cpu" in msg
 
 
+@pytest.mark.parametrize("call, text", [
+    # CUDA's text: the common device first, then the argument on another device and the op
+    (lambda x, y: torch.mm(x, y), "vnpu:0 and cpu! (when checking argument for argument mat2 in method aten::mm)"),
+    (lambda x, y: torch.mm(y, x), "cpu and vnpu:0! (when checking argument for argument mat2 in method aten::mm)"),
+    (lambda x, y: torch.cat([x, y]), "(when checking argument for argument tensors in method aten::cat)"),
+    (lambda x, y: x.index_select(0, torch.tensor([0, 1]).expand(2)),
+     "(when checking argument for argument index in method aten::index_select)"),
+])
+def test_message_names_the_argument_and_the_op(call, text, xy):
+    x, y = xy
+    with pytest.raises(RuntimeError, match=SAME_DEVICE) as ei:
+        call(x, y)
+    assert text in str(ei.value) and "module.to" not in str(ei.value)
+
+
+def test_module_left_on_the_cpu_is_named():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with pytest.raises(RuntimeError, match=SAME_DEVICE) as ei:
+        model(torch.randn(2, 3, device=DEV))
+    assert "module's parameter" in str(ei.value) and 'module.to("vnpu")' in str(ei.value)
+    assert model.to(DEV)(torch.randn(2, 3, device=DEV)).shape == (2, 1)  # the fix works
+
+
 @pytest.mark.parametrize("op", ["add", "mm"])
 def test_two_vnpu_devices_mix_raises(op):
     a = torch.randn(3, 3, device="vnpu:0")

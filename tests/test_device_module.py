@@ -67,6 +67,82 @@ def test_name_exists(name):
     assert hasattr(torch.vnpu, name), f"torch.vnpu.{name} is missing"
 
 
+def test_public_api_is_documented_and_dir_shows_no_imports():
+    """Issue 33 C: every public name has a docstring; dir(torch.vnpu) lists the API, not the modules and typing
+    names torch_vnpu.vnpu imports for itself (torch.cuda's public functions all have docstrings too)."""
+    names = dir(torch.vnpu)
+    assert not set(names) & {"atexit", "operator", "threading", "warnings", "Any", "NamedTuple", "Union", "torch"}
+    assert set(torch.vnpu.__all__) <= set(names)
+    undocumented = [n for n in torch.vnpu.__all__ if callable(getattr(torch.vnpu, n))
+                    and not (getattr(torch.vnpu, n).__doc__ or "").strip()]
+    assert undocumented == []
+
+
+def test_cuda_memory_functions_vnpu_lacked(quiet_allocator):
+    x = torch.empty(1 << 20, device="vnpu")
+    free, total = v.mem_get_info()
+    assert v.device_memory_used() == total - free > 0
+    assert v.get_allocator_backend() == "native"  # CUDA's default allocator's name
+    lines = v.list_gpu_processes().splitlines()
+    assert lines[0] == "GPU:0" and str(os.getpid()) in lines[1] and lines[1].endswith("MB GPU memory")
+    for old, new in (("memory_cached", "memory_reserved"), ("max_memory_cached", "max_memory_reserved")):
+        with pytest.warns(FutureWarning, match="renamed"):
+            assert getattr(v, old)() == getattr(v, new)()
+    with pytest.warns(FutureWarning):
+        v.reset_max_memory_cached()
+    assert v.max_memory_reserved() == v.memory_reserved()
+    del x
+
+
+def test_utilization_is_the_busy_share_of_the_last_second():
+    """torch.vnpu.utilization / memory_usage: NVML's utilization.gpu, the share of the last second with a kernel
+    running (the runtime's own accounting is checked to the percent with sleeping kernels in
+    tests/runtime/utilization_test.cpp)."""
+    import time
+
+    x = torch.randn(512, 512, device="vnpu")
+    torch.vnpu.synchronize()
+    time.sleep(1.05)
+    assert v.utilization() == 0 and v.memory_usage() == 0
+    start = time.monotonic()
+    while time.monotonic() - start < 1.1:  # keep the stream's queue full
+        for _ in range(8):
+            x = torch.tanh(x @ x * 1e-3)
+        torch.vnpu.synchronize()
+    busy = v.utilization()
+    assert 70 <= busy <= 100, busy
+    assert v.utilization(1) == 0  # the other device did nothing
+    with pytest.raises((RuntimeError, ValueError, AssertionError)):
+        v.utilization(99)
+
+
+def test_amp_custom_fwd_and_bwd_cast_like_torch_amp():
+    seen = {}
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        @v.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, a, b):
+            seen["forward"] = (a.dtype, b.dtype, torch.is_autocast_enabled("vnpu"))
+            return a @ b
+
+        @staticmethod
+        @v.amp.custom_bwd
+        def backward(ctx, g):
+            seen["backward_autocast"] = torch.is_autocast_enabled("vnpu")
+            return g, g
+
+    a = torch.ones(2, 2, device="vnpu", dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("vnpu", dtype=torch.bfloat16):
+        out = Scale.apply(a, torch.ones(2, 2, device="vnpu"))
+    # torch.amp.custom_fwd's contract: inputs cast to float32 and autocast off inside forward
+    assert out.dtype == torch.float32 and out.grad_fn is not None
+    assert seen["forward"] == (torch.float32, torch.float32, False)
+    out.sum().backward()
+    assert a.grad is not None and a.grad.dtype == torch.bfloat16
+    assert seen["backward_autocast"] is False  # the forward's autocast state (off inside a cast_inputs forward)
+
+
 def test_module_is_registered_device_module():
     assert torch.get_device_module("vnpu") is torch.vnpu
     assert torch.get_device_module(torch.device("vnpu:0")) is torch.vnpu

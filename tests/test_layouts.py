@@ -161,6 +161,27 @@ def test_fft_output_strides_follow_dims_and_input_order():
             torch.testing.assert_close(v.cpu(), c)
 
 
+def _strided(dev, size, stride):
+    n = max((s - 1) * st for s, st in zip(size, stride)) + 1
+    return torch.arange(n, dtype=torch.float32).to(dev).as_strided(size, stride)
+
+
+def test_broadcast_inputs_get_tensoriterators_output_layout_whatever_ran_before():
+    """Issue 33 A.3: clamp's Meta kernel (a Python reference) orders the output by every input stride, those of
+    size-1 dims included, and disagrees with TensorIterator for some expanded layouts. After a pattern where
+    they agree had been validated, the other reused Meta's (4, 16, 1) where CPU gives (16, 4, 1)."""
+    patterns = [((1, 0, 1), (1, 0, 1)), ((1, 0, 1), (1, 0, 16)), ((1, 0, 16), (1, 0, 1)), ((0, 1, 1), (1, 0, 4))]
+    for sa, sl in patterns:
+        c, v = (torch.clamp(_strided(d, (4, 4, 1), sa), _strided(d, (4, 4, 1), sl), _strided(d, (4, 4), (1, 0)))
+                for d in ("cpu", DEV))
+        assert v.stride() == c.stride(), (sa, sl, c.stride(), v.stride())
+        assert torch.equal(v.cpu(), c)
+    a, b = torch.randn(6, 4).t(), torch.randn(4, 6)  # div with rounding on transposed inputs
+    for mode in ("floor", "trunc"):
+        c, v = torch.div(a, b, rounding_mode=mode), torch.div(a.to(DEV), b.to(DEV), rounding_mode=mode)
+        assert v.stride() == c.stride() and torch.equal(v.cpu(), c)
+
+
 def _reversed_layout(t):
     """Same shape, dims stored in reverse order (column-major for a matrix batch)."""
     perm = list(range(t.dim()))[::-1]

@@ -54,6 +54,19 @@ def test_trainer_vnpu_and_auto_match_cpu():
     assert len(cpu.losses) == 5 and cpu.losses[-1] < cpu.losses[0]
 
 
+def test_banner_says_vnpu_is_available_and_used(caplog):
+    import logging
+
+    for accelerator, used in (("vnpu", True), ("cpu", False)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            L.Trainer(accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False)
+        lines = [r.getMessage() for r in caplog.records]
+        assert f"VNPU available: True (vnpu), used: {used}" in lines, lines
+        assert any(line.startswith("GPU available: False") for line in lines)  # Lightning's own lines stay
+
+
 def test_mixed_precision_autocasts_vnpu():
     _, cpu = _fit(accelerator="cpu")
     bf16_trainer, bf16 = _fit(accelerator="vnpu", precision="bf16-mixed")

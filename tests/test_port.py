@@ -223,6 +223,79 @@ def test_port_mode_mappings_in_process(tmp_path):
     }
 
 
+def test_cuda_only_features_map_to_vnpu_equivalents(tmp_path):
+    """torch.Generator(device="cuda"), CUDA's typed tensor classes, CUDA graphs and nvtx ranges under port mode;
+    oracles: the same calls written for vnpu, and the graph's eager computation. After disable(), torch's own."""
+    code = """
+        import json, torch
+        import torch_vnpu.port.cuda as port
+        from torch.profiler import profile
+        facts = {}
+        g = torch.Generator(device="cuda")
+        g.manual_seed(3)
+        ref = torch.Generator("vnpu").manual_seed(3)
+        facts["generator"] = [str(g.device), isinstance(g, torch.Generator), isinstance(ref, torch.Generator),
+                              torch.equal(torch.randn(5, generator=g, device="cuda").cpu(),
+                                          torch.randn(5, generator=ref, device="vnpu").cpu())]
+        y = torch.arange(3).type(torch.cuda.FloatTensor)
+        z = torch.ones(2, dtype=torch.float64).type("torch.cuda.HalfTensor")
+        facts["typed"] = [str(y.device), str(y.dtype), y.tolist(), str(z.dtype), isinstance(y, torch.cuda.FloatTensor),
+                          isinstance(y, torch.cuda.LongTensor), str(torch.ones(1).type(torch.float64).dtype),
+                          list(torch.cuda.FloatTensor(2, 3).shape), torch.cuda.LongTensor([4, 5]).tolist(),
+                          str(torch.cuda.LongTensor([4, 5]).device)]
+        a = torch.zeros(4, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            b = a * 2 + 1  # warm-up, as CUDA graphs want
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(graph):
+            b = a * 2 + 1
+        a.fill_(3.0)
+        graph.replay()
+        facts["graph"] = [type(graph).__name__, b.tolist()]
+        with profile() as prof:
+            torch.cuda.nvtx.range_push("step")
+            torch.cuda.nvtx.mark("marker")
+            with torch.cuda.nvtx.range("inner {}", 1):
+                (a + 1).sum()
+            depth = torch.cuda.nvtx.range_pop()
+        facts["nvtx"] = [depth, sorted({e.name for e in prof.events()} & {"step", "marker", "inner 1"})]
+        port.disable()
+        facts["after_disable"] = [torch.Generator is torch._C.Generator, torch.cuda.CUDAGraph.__name__]
+        try:
+            torch.cuda.nvtx.range_push("x")
+            facts["nvtx_after"] = "no error"
+        except RuntimeError as e:
+            facts["nvtx_after"] = "NVTX" in str(e)
+        print(json.dumps(facts))
+    """
+    proc = _run(["-c", textwrap.dedent(code)], tmp_path)
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts == {
+        "generator": ["vnpu:0", True, True, True],
+        "typed": ["vnpu:0", "torch.float32", [0.0, 1.0, 2.0], "torch.float16", True, False, "torch.float64",
+                  [2, 3], [4, 5], "vnpu:0"],
+        "graph": ["VNPUGraph", [7.0] * 4],
+        "nvtx": [0, ["inner 1", "marker", "step"]],
+        "after_disable": [True, "CUDAGraph"],
+        "nvtx_after": True,
+    }, facts
+
+
+def test_cuda_call_without_port_mode_names_port_mode(tmp_path):
+    code = """
+        import torch
+        try:
+            torch.ones(2).cuda()
+        except AssertionError as e:
+            print(e)
+    """
+    out = _run(["-c", textwrap.dedent(code)], tmp_path).stdout
+    assert out.startswith("Torch not compiled with CUDA enabled") and "python -m torch_vnpu.port.run" in out, out
+
+
 def test_port_mode_profiler_and_memory_history_record_vnpu(tmp_path):
     # A CUDA script's profiler (ProfilerActivity.CUDA) and memory history (torch.cuda.memory.*) see vnpu's
     # device activity and allocator, as they would see the GPU's; the oracle is the same calls made with
@@ -363,6 +436,28 @@ def test_check_star_imports_backends_env_and_cuda_only_classes():
     assert got[11, "torch.cuda.nvtx.range_push"].startswith("torch.profiler.record_function")
     assert "torch.accelerator.Graph()" in got[12, "torch.cuda.CUDAGraph"]
     assert hasattr(torch.accelerator, "Graph") and hasattr(torch.vnpu, "VNPUGraph")
+
+
+COMPUTED = '''import torch
+rank = 1
+a = f"cuda:{rank}"
+b = "cuda:" + str(rank)
+c = "cuda:%d" % rank
+d = "cuda:{}".format(rank)
+dev = torch.device(f"cuda:{local_rank}")
+same = str(x.device) == f"cuda:{rank}"
+e = "cuda" + ":" + str(rank)
+not_devices = (f"cpu:{rank}", "cudagraphs", f"{rank}cuda", "x:" + str(rank))
+'''
+
+
+def test_check_reports_computed_device_strings():
+    got = {(f.line, f.code): f.replacement for f in check.check_source(COMPUTED, "c.py")}
+    assert set(got) == {(3, 'f"cuda:{rank}"'), (4, '"cuda:" + str(rank)'), (5, '"cuda:%d" % rank'),
+                        (6, '"cuda:{}".format(rank)'), (7, 'torch.device(f"cuda:{local_rank}")'),
+                        (8, 'str(x.device) == f"cuda:{rank}"'), (9, '"cuda" + ":" + str(rank)')}, got
+    assert "device_type = torch.accelerator.current_accelerator().type" in got[3, 'f"cuda:{rank}"']
+    assert "torch.device('cuda', i) object" in got[7, 'torch.device(f"cuda:{local_rank}")']
 
 
 def test_check_unparsable_file_reports_only_the_error(tmp_path):

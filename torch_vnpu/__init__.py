@@ -110,6 +110,9 @@ def _register() -> None:
     from . import _profiler_stop
 
     _profiler_stop.install()  # a device error at the profiler's stop keeps the trace
+    from . import _cuda_unavailable
+
+    _cuda_unavailable.install()  # "Torch not compiled with CUDA enabled" names port mode
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)

@@ -315,6 +315,17 @@ class DeviceCachingAllocator {
     --it->second->use_count;  // memory goes back at the next empty_cache once 0
   }
 
+  int pool_use_count(MempoolId_t id) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto it = graph_pools_.find(id);
+    return it == graph_pools_.end() ? 0 : it->second->use_count;
+  }
+
+  MempoolId_t pool_id_of(const PrivatePool* pool) {
+    for (const auto& [id, p] : graph_pools_) if (p.get() == pool) return id;
+    return {0, 0};
+  }
+
   void free(Block* block, const Context& context) {
     std::lock_guard<std::recursive_mutex> g(mu_);
     block->allocated = false;
@@ -486,6 +497,7 @@ class DeviceCachingAllocator {
       seg.is_large = !first->pool->small;
       seg.is_expandable = first->expandable != nullptr;
       seg.context_when_allocated = first->context_when_segment_allocated;
+      if (first->pool->owner != nullptr) seg.owner_private_pool_id = pool_id_of(first->pool->owner);
       for (Block* b = first; b != stop; b = b->next) {
         c10::CachingDeviceAllocator::BlockInfo bi;
         bi.size = b->size;
@@ -1240,6 +1252,7 @@ void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(
 }
 void endAllocateToPool(DeviceIndex device, MempoolId_t id) { device_allocator(device).end_allocate_to_pool(id); }
 void releasePool(DeviceIndex device, MempoolId_t id) { device_allocator(device).release_pool(id); }
+int poolUseCount(DeviceIndex device, MempoolId_t id) { return device_allocator(device).pool_use_count(id); }
 
 void resetPeakStats(DeviceIndex d) { device_allocator(d).reset_peak(); }
 void setMemoryFraction(double fraction, DeviceIndex d) {

@@ -46,6 +46,8 @@ c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex device);
 void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(vnpuStream_t)> filter);
 void endAllocateToPool(DeviceIndex device, MempoolId_t id);
 void releasePool(DeviceIndex device, MempoolId_t id);
+// Holders of pool `id` on `device` (graphs, MemPools, open use_mem_pool scopes); 0 for an unknown pool.
+int poolUseCount(DeviceIndex device, MempoolId_t id);
 void resetPeakStats(DeviceIndex device);
 // torch.vnpu.set_per_process_memory_fraction (CUDA's setMemoryFraction): from now on, the device memory
 // the allocator reserves on `device` (segments, mapped pages) stays within fraction x capacity; a request

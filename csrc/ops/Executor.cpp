@@ -350,29 +350,53 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
 // ---------------------------------------------------------------------------
 // Device checks (the errors PyTorch raises for CUDA).
 
+// CUDA's check (check_and_update_common_device): the first tensor that is not a
+// CPU scalar sets the common device; the first argument on another device is
+// named with the op. A CPU tensor that requires grad is most often a module's
+// parameter left on the CPU: the message says so.
 struct DeviceFinder {
+  const std::string& op_name;
   DeviceIndex dev = -1;
+  std::optional<Device> common;
+  const Tensor* common_tensor = nullptr;
+  const char* arg = "";
+
+  void mismatch(const Tensor& t) {
+    const bool param = t.device().is_cpu() ? t.requires_grad() : common_tensor && common_tensor->requires_grad();
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *common,
+                " and ", t.device(), "! (when checking argument for argument ", arg, " in method ", op_name, ")",
+                param ? ". The cpu tensor requires grad: if it is a module's parameter, move the module to the "
+                        "device with module.to(\"vnpu\") (as for CUDA)"
+                      : "");
+  }
   void tensor(const Tensor& t) {
     if (!t.defined()) return;
     Device d = t.device();
-    if (d.type() == kVNPU) {
-      if (dev < 0) dev = d.index();
-      else TORCH_CHECK(dev == d.index(), "Expected all tensors to be on the same device, but found at least two devices, vnpu:",
-                       int(dev), " and ", d, "!");
-      return;
-    }
     if (d.is_cpu() && t.dim() == 0) return;  // CPU scalars are allowed, as on CUDA
-    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
-                dev >= 0 ? Device(kVNPU, dev) : Device(kVNPU, c10::vnpu::current_device()), " and ", d,
-                "!");
+    if (!common) {
+      common = d;
+      common_tensor = &t;
+    } else if (*common != d) {
+      mismatch(t);
+    }
+    if (d.type() == kVNPU && dev < 0) dev = d.index();
   }
-  void value(const IValue& v) {
+  void value(const IValue& v, const char* name) {
+    arg = name;
     if (v.isTensor()) tensor(v.toTensor());
     else if (v.isTensorList()) for (const auto& t : v.toTensorList()) tensor(t);
     else if (v.isList()) {
       for (const IValue& e : v.toListRef()) if (e.isTensor()) tensor(e.toTensor());
     } else if (v.isDevice() && v.toDevice().type() == kVNPU && dev < 0) {
       dev = v.toDevice().has_index() ? v.toDevice().index() : c10::vnpu::current_device();
+    }
+  }
+  // Every tensor was on the CPU (e.g. only CPU tensors but a vnpu device argument): CUDA's message too.
+  void finish() {
+    if (common && common->is_cpu() && common_tensor != nullptr) {
+      const Tensor& t = *common_tensor;
+      common = Device(kVNPU, dev >= 0 ? dev : c10::vnpu::current_device());
+      mismatch(t);
     }
   }
 };
@@ -768,11 +792,13 @@ int64_t layout_class(const Tensor& t) {
 // The order of a tensor's dims by decreasing stride (ties and size-1 dims in
 // index order), as one number: CPU kernels that keep an input's memory order
 // (FFTs over some of its dims) give different strides for different orders.
-int64_t dim_order_code(const Tensor& t) {
+int64_t dim_order_code(const Tensor& t, bool size_one_dims_too = false) {
   const int64_t n = t.dim();
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  auto key = [&](int64_t d) { return t.size(d) <= 1 ? std::numeric_limits<int64_t>::min() : t.stride(d); };
+  auto key = [&](int64_t d) {
+    return t.size(d) <= 1 && !size_one_dims_too ? std::numeric_limits<int64_t>::min() : t.stride(d);
+  };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) > key(b); });
   uint64_t code = 0;  // wraps for many dims: then a hash, collisions merely share a signature
   for (int64_t d : order) code = code * static_cast<uint64_t>(n + 1) + static_cast<uint64_t>(d);
@@ -796,7 +822,12 @@ std::vector<int64_t> dtype_signature(const c10::FunctionSchema& schema, ArrayRef
     const int64_t cls = layout_class(t);
     sig.push_back(((static_cast<int64_t>(t.scalar_type()) * 2 + (t.device().is_cpu() ? 1 : 0)) * 64 + t.dim()) * 16 +
                   cls);
-    if (cls % 4 == 1 || cls % 4 == 3) sig.push_back(dim_order_code(t));  // which permutation
+    if (cls % 4 == 1) sig.push_back(dim_order_code(t));  // which permutation
+    // Gaps or overlap: the order of every dim's stride, zeros and size-1 dims included. TensorIterator orders
+    // an output's dims by all operands' strides, and Python Meta kernels (elementwise references) also read
+    // the strides of size-1 dims, so they disagree with CPU for some of these patterns (clamp of (1, 0, 1)-
+    // and (1, 0, 16)-strided (4, 4, 1) inputs) and agree for others.
+    if (cls % 4 >= 2) sig.push_back(dim_order_code(t, /*size_one_dims_too=*/true));
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& a = args[i];
@@ -1626,8 +1657,13 @@ void executor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack
   OpInfo& info = op_info(op);
   const size_t n = op.schema().arguments().size();
   move_cpu_indices(op, stack);
-  DeviceFinder finder;
-  for (const auto& a : torch::jit::last(*stack, n)) finder.value(a);
+  DeviceFinder finder{info.name};
+  {
+    const auto& arguments = op.schema().arguments();
+    size_t i = 0;
+    for (const auto& a : torch::jit::last(*stack, n)) finder.value(a, arguments[i++].name().c_str());
+  }
+  finder.finish();
   DeviceIndex dev = finder.dev >= 0 ? finder.dev : c10::vnpu::current_device();
   // CPU scalars are accepted as inputs only: a CPU out=/in-place argument
   // would never be written (CUDA raises the same error).

@@ -129,7 +129,7 @@ py::list segments_list(const std::vector<c10::CachingDeviceAllocator::SegmentInf
     d["requested_size"] = seg.requested_size;
     d["stream"] = stream_int(seg.stream);
     d["segment_type"] = seg.is_large ? "large" : "small";
-    d["segment_pool_id"] = py::make_tuple(0, 0);
+    d["segment_pool_id"] = py::make_tuple(seg.owner_private_pool_id.first, seg.owner_private_pool_id.second);
     d["is_expandable"] = seg.is_expandable;
     ff.add(d, seg.context_when_allocated, /*always=*/true);
     py::list blocks;

@@ -145,6 +145,12 @@ PYBIND11_MODULE(_C, m) {
   });
   // Discovery (device_count, properties) does not initialize; _init does (Note [Discovery and initialization]).
   m.def("_init", [] { VNPU_CHECK(vnpuInit(0)); });
+  m.def("_device_utilization", [](c10::DeviceIndex d) {
+    c10::vnpu::check_device_index(d);
+    unsigned percent = 0;
+    VNPU_CHECK(vnpuDeviceGetUtilization(d, &percent));
+    return percent;
+  });
   m.def("_is_initialized", [] { return vnpuIsInitialized() != 0; });
   // VNPU_SANITIZE (torch_vnpu/sanitizer): False once the runtime was initialized without it.
   m.def("_sanitizer_enable", [] { return vnpuSanitizerEnable() == vnpuSuccess; });
@@ -228,6 +234,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_graph_pool_handle", [] {
     auto id = at::vnpu::graph_pool_handle();
     return py::make_tuple(id.first, id.second);
+  });
+  // torch.vnpu.MemPool / use_mem_pool (CUDA's _cuda_beginAllocateCurrentThreadToPool & co): allocations of
+  // the calling thread on `device` come from the pool until the matching end.
+  m.def("_begin_allocate_current_thread_to_pool", [](c10::DeviceIndex d, std::pair<c10::CaptureId_t, c10::CaptureId_t> id) {
+    c10::vnpu::check_device_index(d);
+    c10::vnpu::allocator::beginAllocateToPool(
+        d, id, [tid = std::this_thread::get_id()](vnpuStream_t) { return std::this_thread::get_id() == tid; });
+  });
+  m.def("_end_allocate_to_pool", [](c10::DeviceIndex d, std::pair<c10::CaptureId_t, c10::CaptureId_t> id) {
+    c10::vnpu::allocator::endAllocateToPool(d, id);
+  });
+  m.def("_release_pool", [](c10::DeviceIndex d, std::pair<c10::CaptureId_t, c10::CaptureId_t> id) {
+    c10::vnpu::allocator::releasePool(d, id);
+  });
+  m.def("_pool_use_count", [](c10::DeviceIndex d, std::pair<c10::CaptureId_t, c10::CaptureId_t> id) {
+    return c10::vnpu::allocator::poolUseCount(d, id);
   });
   m.def("_is_current_stream_capturing", &at::vnpu::is_current_stream_capturing);
   m.def("_empty_cache", &c10::vnpu::allocator::emptyCache, py::call_guard<py::gil_scoped_release>());

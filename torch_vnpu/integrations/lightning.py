@@ -23,7 +23,8 @@ version is left alone with one warning. What it does, for both the Trainer and F
    of the parameters ran there);
 6. ``strategy="fsdp"``: Lightning refuses it for any accelerator flag but ``"cuda"``/``"gpu"`` (a check of the
    flag only): accepted for vnpu (torch's FSDP runs on the root device); with ``precision="*-mixed"`` its
-   ``FSDPPrecision`` (autocast ``"cuda"``, a CUDA ``ShardedGradScaler``) is replaced by one on vnpu (patch 4).
+   ``FSDPPrecision`` (autocast ``"cuda"``, a CUDA ``ShardedGradScaler``) is replaced by one on vnpu (patch 4);
+7. the Trainer's device banner adds ``VNPU available: True (vnpu), used: True`` after its GPU/TPU lines.
 
 Several devices use Lightning's ``"ddp"``/``"fsdp"`` strategies and its launcher (the script is started once
 more per extra device); the process-group backend Lightning picks from
@@ -386,6 +387,20 @@ def _patch_trainer(pl: str) -> None:
     _patch_ddp(strategies.DDPStrategy, "_setup_model", "determine_ddp_device_ids")
     _patch_launcher(f"{pl}.strategies.launchers.subprocess_script")
     _patch_fsdp_check(connector._AcceleratorConnector, strategies)
+    _patch_device_banner(importlib.import_module(f"{pl}.trainer.setup"), acc)
+
+
+def _patch_device_banner(setup, acc: type) -> None:
+    # 7. The Trainer's banner lists GPU/TPU/HPU availability only: add vnpu's line in its form.
+    original = setup._log_device_info
+
+    @functools.wraps(original)
+    def _log_device_info(trainer) -> None:
+        original(trainer)
+        used = isinstance(trainer.accelerator, acc)
+        setup.rank_zero_info(f"VNPU available: {acc.is_available()} ({_DEVICE}), used: {used}")
+
+    _set(setup, "_log_device_info", _log_device_info, "the banner says whether vnpu is available and used")
 
 
 def _register(registry, acc: type) -> None:

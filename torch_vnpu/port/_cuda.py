@@ -23,6 +23,9 @@ What it changes, process-wide, until :func:`disable`:
   vccl on vnpu, in ``init_process_group``, ``new_group`` and every other call that takes a backend string;
   ``torch.distributed.is_nccl_available()`` is True for the script's calls; ``dist.get_backend()`` then reports
   ``"vccl"``; ``init_device_mesh("cuda", ...)`` / ``DeviceMesh("cuda", ...)`` build a vnpu mesh;
+* CUDA-only features with a vnpu equivalent (``torch_vnpu.port._cuda_only``): ``torch.Generator(device="cuda")``,
+  ``x.type(torch.cuda.FloatTensor)`` and the typed tensor classes, ``torch.cuda.CUDAGraph`` / ``graph`` /
+  ``make_graphed_callables``, ``torch.cuda.nvtx`` ranges (as profiler ranges);
 * ``torch.profiler.profile(activities=[..., ProfilerActivity.CUDA])`` records vnpu's device activity
   (``PrivateUse1``), as CUDA's would be;
 
@@ -71,9 +74,11 @@ _FORWARDED = (
     "get_sync_debug_mode", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "host_memory_stats", "host_memory_stats_as_nested_dict", "reset_accumulated_host_memory_stats",
     "reset_peak_host_memory_stats", "memory_stats_as_nested_dict", "caching_allocator_alloc",
-    "caching_allocator_delete", "can_device_access_peer",
+    "caching_allocator_delete", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
+    "list_gpu_processes", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "use_mem_pool",
+    "utilization", "memory_usage",
 )
-_CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of")
+_CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of", "MemPool")
 # torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from
 # torch.cuda.memory, a script may call either) and the memory-history API CUDA users reach for.
 _MEMORY_FORWARDED = _FORWARDED + ("_record_memory_history", "_snapshot", "_dump_snapshot")
@@ -151,6 +156,15 @@ class _CudaToVnpu(TorchFunctionMode):
                     kwargs = dict(kwargs, device=mapped)
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], map_device(args[1]), *args[2:])
+        elif func is torch.Tensor.type and (len(args) > 1 or (kwargs and "dtype" in kwargs)):
+            from ._cuda_only import typed_tensor_dtype
+
+            kwargs = dict(kwargs or {})
+            target = args[1] if len(args) > 1 else kwargs.pop("dtype")
+            dtype = typed_tensor_dtype(target)
+            if dtype is not None:  # x.type(torch.cuda.FloatTensor): CUDA's typed class -> vnpu, that dtype
+                return args[0].to(torch.device(_TARGET, torch.vnpu.current_device()), dtype, *args[2:], **kwargs)
+            return func(args[0], target, *args[2:], **kwargs)
         return func(*args, **(kwargs or {}))
 
 
@@ -243,6 +257,10 @@ def enable() -> torch.device:
     for name in _CLASSES:
         if hasattr(vnpu, name) and hasattr(cuda, name):
             _save(cuda, name, getattr(vnpu, name))
+    import torch.cuda.amp as cuda_amp
+
+    for name in ("custom_fwd", "custom_bwd"):  # torch.cuda.amp.custom_fwd -> torch.vnpu.amp's
+        _save(cuda_amp, name, _forwarder(getattr(cuda_amp, name), getattr(vnpu.amp, name)))
     import torch.cuda.memory as cuda_memory
 
     for name in _MEMORY_FORWARDED:
@@ -333,6 +351,10 @@ def enable() -> torch.device:
             mesh_init(self, map_device(device_type), *args, **kwargs)
 
         _save(DeviceMesh, "__init__", device_mesh___init__)
+
+    from . import _cuda_only
+
+    _cuda_only.install(_save, map_device)  # Generator("cuda"), typed tensor classes, CUDA graphs, nvtx
 
     _mode = _CudaToVnpu()
     _mode.__enter__()

@@ -3,7 +3,9 @@
 ``torch.get_device_module``), for users who prefer fixing their code to running it under port mode.
 
 Static (``ast``; nothing is imported or run). Reports: ``"cuda"``/``"cuda:i"`` string constants (device
-arguments, ``torch.device("cuda")``, comparisons such as ``'cuda' in device``), ``.cuda()`` calls,
+arguments, ``torch.device("cuda")``, comparisons such as ``'cuda' in device``), strings computed from a constant
+part that starts with ``"cuda"`` (``f"cuda:{rank}"``, ``"cuda:" + str(i)``, ``"cuda:%d" % i``,
+``"cuda:{}".format(i)``; ``torch.device(f"cuda:{rank}")`` as one finding), ``.cuda()`` calls,
 ``torch.cuda.*`` uses (including ``torch.cuda.amp.autocast`` / ``GradScaler``), ``.is_cuda``,
 ``torch.backends.cudnn`` / ``torch.backends.cuda`` settings (harmless elsewhere: noted, not needed), and
 Lightning's ``accelerator="gpu"`` / ``"cuda"``. Names are resolved through the module's imports (``import torch.cuda
@@ -95,6 +97,33 @@ def _is_cuda_string(node: ast.AST) -> bool:
     return v == "cuda" or (v.startswith("cuda:") and v[5:].isdigit())
 
 
+def _cuda_prefix(value: object) -> bool:
+    return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+def _is_computed_cuda_string(node: ast.AST) -> bool:
+    """A string computed from a constant part that starts with "cuda": ``f"cuda:{rank}"``, ``"cuda:" + str(i)``,
+    ``"cuda:%d" % i``, ``"cuda:{}".format(i)``."""
+    if isinstance(node, ast.JoinedStr):
+        return len(node.values) > 1 and isinstance(node.values[0], ast.Constant) and _cuda_prefix(node.values[0].value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left = node.left
+        while isinstance(left, ast.BinOp) and isinstance(left.op, ast.Add):
+            left = left.left
+        return isinstance(left, ast.Constant) and _cuda_prefix(left.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return isinstance(node.left, ast.Constant) and _cuda_prefix(node.left.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        return isinstance(node.func.value, ast.Constant) and _cuda_prefix(node.func.value.value)
+    return False
+
+
+_COMPUTED = (f"f\"{{device_type}}:{{i}}\" with device_type = {ACC}.type, or torch.device(device_type, i) "
+             "(port mode maps the string where torch is given it)")
+_DEVICE_OBJECT = (f"torch.device({ACC}.type, i): a torch.device('cuda', i) object is CUDA's wherever the script "
+                  "keeps or compares it (port mode maps it only where torch is given it)")
+
+
 _CUDA_MODULES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
 
 
@@ -184,7 +213,8 @@ class _Visitor(ast.NodeVisitor):
             self._import(node, [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names if a.name != "*"])
 
     def visit_Compare(self, node: ast.Compare) -> None:
-        if id(node) not in self._seen and any(_is_cuda_string(n) for n in [node.left, *node.comparators]):
+        if id(node) not in self._seen and any(_is_cuda_string(n) or _is_computed_cuda_string(n)
+                                              for n in [node.left, *node.comparators]):
             self._add(node, f"compare the type of the device you use, e.g. device_type = {ACC}.type "
                             "(a string compare with 'cuda' is False on any other accelerator)")
         self.generic_visit(node)
@@ -196,6 +226,10 @@ class _Visitor(ast.NodeVisitor):
                 self._add(node, f".to(device) with device = {ACC}")
             elif func == "torch.device" and node.args and _is_cuda_string(node.args[0]):
                 self._add(node, f"{ACC} (or torch.device(torch.accelerator.current_accelerator().type, i))")
+            elif func == "torch.device" and node.args and _is_computed_cuda_string(node.args[0]):
+                self._add(node, _DEVICE_OBJECT)
+            elif _is_computed_cuda_string(node):
+                self._add(node, _COMPUTED)
             if func and func.split(".")[-1] == "init_process_group":
                 backend = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "backend"), None)
                 if (isinstance(backend, ast.Constant) and isinstance(backend.value, str)
@@ -228,6 +262,20 @@ class _Visitor(ast.NodeVisitor):
             replacement = _cuda_replacement(full)
             if replacement is not None:
                 self._add(node, replacement)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        if id(node) not in self._seen and _is_computed_cuda_string(node):
+            self._add(node, _COMPUTED)
+            return
+        for value in node.values:  # the literal parts are not strings of their own ("{x}cuda" is no device)
+            if isinstance(value, ast.FormattedValue):
+                self.visit(value.value)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if id(node) not in self._seen and _is_computed_cuda_string(node):
+            self._add(node, _COMPUTED)
+            return
+        self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if id(node) not in self._seen and _is_cuda_string(node):

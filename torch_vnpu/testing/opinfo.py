@@ -492,8 +492,9 @@ class OpRunner:
                 if e.layout != a.layout:
                     return f"layout mismatch at {path}: cpu {e.layout} vs vnpu {a.layout}"
                 if e.layout == torch.strided and e.numel() > 1:
-                    es = [st for s, st in zip(e.shape, e.stride()) if s > 1]
-                    as_ = [st for s, st in zip(a.shape, a.stride()) if s > 1]
+                    exact = self.opts.get("exact_strides", False)  # size-1 dims' strides too
+                    es = [st for s, st in zip(e.shape, e.stride()) if s > 1 or exact]
+                    as_ = [st for s, st in zip(a.shape, a.stride()) if s > 1 or exact]
                     if es != as_:
                         msg = f"stride {path}: cpu {tuple(e.stride())} vnpu {tuple(a.stride())}"
                         if check_strides and self.opts.get("stride_check", True):
@@ -1700,6 +1701,8 @@ def build_parser():
     p.add_argument("--no-errors", action="store_true", help="skip error_inputs cases")
     p.add_argument("--no-inplace", action="store_true", help="skip in-place variants")
     p.add_argument("--no-out", action="store_true", help="skip out= variants")
+    p.add_argument("--exact-strides", action="store_true",
+                   help="compare the strides of size-1 dimensions too (which never address memory)")
     p.add_argument("--no-stride-check", action="store_true",
                    help="report output strides that differ from CPU's as notes instead of failures")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
@@ -1739,7 +1742,7 @@ def opts_from_args(a):
         raise SystemExit(f"unknown layouts {bad}; choose from {LAYOUTS}")
     layout_dtypes = [d.strip() for d in a.layout_dtypes.split(",") if d.strip()] if a.layout_dtypes else None
     return dict(ops=a.ops, dtypes=dtypes, no_grad=a.no_grad, no_errors=a.no_errors, no_inplace=a.no_inplace,
-                no_out=a.no_out, stride_check=not a.no_stride_check, layouts=layouts, layout_dtypes=layout_dtypes, layout_limit=a.layout_limit, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
+                no_out=a.no_out, stride_check=not a.no_stride_check, exact_strides=a.exact_strides, layouts=layouts, layout_dtypes=layout_dtypes, layout_limit=a.layout_limit, json=a.json, jobs=a.jobs, threads=threads, limit_samples=a.limit_samples,
                 limit_errors=a.limit_errors, timeout=a.timeout, max_minutes=a.max_minutes, verbose=a.verbose)
 
 

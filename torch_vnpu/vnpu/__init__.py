@@ -20,9 +20,16 @@ from .. import _C
 from . import amp, graphs, memory, random, streams  # noqa: F401
 from .graphs import VNPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from .memory import (
+    MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
+    device_memory_used,
     empty_cache,
+    get_allocator_backend,
+    list_gpu_processes,
+    max_memory_cached,
+    memory_cached,
+    reset_max_memory_cached,
     get_fallback_ops,
     get_executed_ops,
     get_extra_copy_ops,
@@ -45,6 +52,7 @@ from .memory import (
     reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
+    use_mem_pool,
 )
 from .random import (
     default_generators,
@@ -89,7 +97,9 @@ __all__ = [
     "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
     "OutOfMemoryError", "AcceleratorError", "caching_allocator_alloc", "caching_allocator_delete",
-    "is_tf32_supported", "can_device_access_peer",
+    "is_tf32_supported", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
+    "list_gpu_processes", "MemPool", "use_mem_pool", "utilization", "memory_usage", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory",
+    "random", "streams",
 ] + _storage_all
 
 # As torch.cuda's names for them (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError).
@@ -299,7 +309,24 @@ def get_device_properties(device: _device_t = None) -> _DeviceProperties:
 
 
 def get_device_name(device: _device_t = None) -> str:
+    """The name of ``device`` (default: the current device), as ``torch.cuda.get_device_name``:
+    ``get_device_properties(device).name``. Raises ``AssertionError``/``RuntimeError`` for an invalid device,
+    as :func:`get_device_properties`."""
     return get_device_properties(device).name
+
+
+def utilization(device: _device_t = None) -> int:
+    """Percent (0-100) of the last second during which ``device`` (default: the current device) ran a kernel,
+    copy or memset on any of its streams, as ``torch.cuda.utilization`` reports NVML's ``utilization.gpu``
+    (the share of its sample period with a kernel running). Raises for an invalid device."""
+    return int(_C._device_utilization(_get_device_index(device, optional=True)))
+
+
+def memory_usage(device: _device_t = None) -> int:
+    """Percent (0-100) of the last second during which ``device``'s memory was read or written, as
+    ``torch.cuda.memory_usage``: every vnpu kernel, copy and memset works on device memory, so this is
+    :func:`utilization`."""
+    return utilization(device)
 
 
 def get_device_capability(device: _device_t = None) -> tuple:
@@ -380,6 +407,11 @@ def _drain_at_exit() -> None:
                 _C._synchronize(i)
             except RuntimeError:
                 pass
+
+
+def __dir__() -> list:
+    """The public API (``__all__``) and the submodules: not the modules this one imports for itself."""
+    return sorted(set(__all__) | {"sanitizer"})
 
 
 def __getattr__(name: str):

@@ -44,6 +44,8 @@ def _make(name: str, dtype: torch.dtype) -> type:
         "_dtype": torch._utils.classproperty(lambda cls: dtype),
         "__module__": "torch.vnpu",  # torch.storage maps a class to its device by its module's last part
         "__qualname__": name,
+        "__doc__": f"Legacy typed storage of {dtype} elements on vnpu, as torch.cuda.{name} (deprecated upstream: "
+                   "use tensor.untyped_storage()).",
     })
     torch._storage_classes.add(cls)
     return cls

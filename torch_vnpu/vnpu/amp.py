@@ -17,3 +17,15 @@ class autocast(torch.amp.autocast_mode.autocast):
 def GradScaler(*args, **kwargs) -> torch.amp.GradScaler:
     """Shorthand for ``torch.amp.GradScaler("vnpu", ...)``."""
     return torch.amp.GradScaler("vnpu", *args, **kwargs)
+
+
+def custom_fwd(fwd=None, *, cast_inputs=None):
+    """``torch.amp.custom_fwd(device_type="vnpu")``: the decorator for a custom autograd Function's ``forward``
+    under vnpu autocast, as ``torch.cuda.amp.custom_fwd`` is for CUDA (see ``torch.amp.custom_fwd``)."""
+    return torch.amp.custom_fwd(fwd, device_type="vnpu", cast_inputs=cast_inputs)
+
+
+def custom_bwd(bwd=None):
+    """``torch.amp.custom_bwd(device_type="vnpu")``: runs ``backward`` with the forward's autocast state, as
+    ``torch.cuda.amp.custom_bwd``."""
+    return torch.amp.custom_bwd(bwd, device_type="vnpu")

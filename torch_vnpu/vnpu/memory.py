@@ -1,6 +1,7 @@
 """vnpu memory management (mirrors ``torch.cuda.memory``). All sizes are bytes."""
 
 import collections
+import contextlib
 import pickle
 import sys
 import warnings
@@ -68,19 +69,77 @@ def memory_reserved(device=None) -> int:
 
 
 def max_memory_reserved(device=None) -> int:
+    """Peak of :func:`memory_reserved` (bytes) since start or the last :func:`reset_peak_memory_stats`, as
+    ``torch.cuda.max_memory_reserved``."""
     return memory_stats(device).get("reserved_bytes.all.peak", 0)
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    """Resets the ``peak`` values of :func:`memory_stats` (``max_memory_allocated``, ``max_memory_reserved``, ...)
+    of ``device`` to their current values, as ``torch.cuda.reset_peak_memory_stats``."""
     _C._reset_peak_memory_stats(_index(device))
 
 
 def reset_max_memory_allocated(device=None) -> None:
+    """Resets the peak of :func:`max_memory_allocated` (as ``torch.cuda.reset_max_memory_allocated``: it resets
+    every peak statistic, like :func:`reset_peak_memory_stats`)."""
     reset_peak_memory_stats(device)
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
+    """Resets the accumulated counters of :func:`memory_stats` (``allocation.*.allocated``/``freed``, segment and
+    OOM counts, ...) of ``device``, as ``torch.cuda.reset_accumulated_memory_stats``."""
     _C._reset_accumulated_memory_stats(_index(device))
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated alias of :func:`memory_reserved` (as ``torch.cuda.memory_cached``; FutureWarning)."""
+    warnings.warn("torch.vnpu.memory_cached has been renamed to torch.vnpu.memory_reserved", FutureWarning,
+                  stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Deprecated alias of :func:`max_memory_reserved` (as ``torch.cuda.max_memory_cached``; FutureWarning)."""
+    warnings.warn("torch.vnpu.max_memory_cached has been renamed to torch.vnpu.max_memory_reserved", FutureWarning,
+                  stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """Deprecated: resets every peak statistic (as ``torch.cuda.reset_max_memory_cached``; FutureWarning)."""
+    warnings.warn("torch.vnpu.reset_max_memory_cached now calls torch.vnpu.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes of ``device``'s memory in use (``total - free`` of :func:`mem_get_info`: every allocation on the
+    device, cached blocks included), as ``torch.cuda.device_memory_used`` reports the device's used memory."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def list_gpu_processes(device=None) -> str:
+    """The processes holding memory on ``device`` with their usage, in ``torch.cuda.list_gpu_processes``' format.
+    vnpu device memory belongs to one process (IPC peers map it without owning it): this process is listed
+    with :func:`memory_reserved`, or "no processes are running" when it holds none."""
+    import os
+
+    idx = _index(device)
+    lines = [f"GPU:{idx}"]
+    reserved = memory_reserved(idx)
+    if reserved == 0:
+        lines.append("no processes are running")
+    else:
+        lines.append(f"process {os.getpid():>10d} uses {reserved / 1024 ** 2:>12.3f} MB GPU memory")
+    return "\n".join(lines)
+
+
+def get_allocator_backend() -> str:
+    """The device allocator's name, as ``torch.cuda.get_allocator_backend``: ``"native"`` (vnpu's caching
+    allocator; vnpu has no other backend)."""
+    return "native"
 
 
 def mem_get_info(device=None) -> Tuple[int, int]:
@@ -173,10 +232,79 @@ def get_per_process_memory_fraction(device=None) -> float:
     return _C._get_memory_fraction(_index(device))
 
 
-def memory_snapshot() -> list:
+def memory_snapshot(mempool_id: Optional[Tuple[int, int]] = None) -> list:
     """Segments and blocks of every device, in the layout of ``torch.cuda.memory_snapshot()``: the
-    ``"segments"`` of :func:`_snapshot` (with stacks while memory history is recorded)."""
-    return _C._memory_snapshot()
+    ``"segments"`` of :func:`_snapshot` (with stacks while memory history is recorded). With ``mempool_id`` (a
+    :class:`MemPool`'s ``id`` or a graph pool), only that pool's segments (``segment_pool_id``)."""
+    segments = _C._memory_snapshot()
+    if mempool_id is not None:
+        segments = [seg for seg in segments if tuple(seg["segment_pool_id"]) == tuple(mempool_id)]
+    return segments
+
+
+class MemPool:
+    """A private pool of vnpu's caching allocator, as ``torch.cuda.MemPool``: tensors allocated inside
+    :func:`use_mem_pool` come from the pool's own segments, which no other allocation reuses; the pool's memory
+    goes back to the device (at :func:`empty_cache`) once the pool and every tensor in it are gone.
+
+    Args:
+        allocator: must be None (vnpu has one allocator; ``torch.cuda``'s pluggable allocators have no vnpu
+            equivalent): anything else raises NotImplementedError.
+        use_on_oom (bool): must be False (NotImplementedError otherwise).
+        no_split (bool): must be False (NotImplementedError otherwise).
+
+    The pool lives on the device that is current when it is created (as CUDA's).
+    """
+
+    def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        if allocator is not None or use_on_oom or no_split:
+            raise NotImplementedError("torch.vnpu.MemPool supports the default allocator only (allocator=None, "
+                                      "use_on_oom=False, no_split=False)")
+        torch.vnpu._lazy_init()
+        self._device = torch.vnpu.current_device()
+        self._id = tuple(_C._graph_pool_handle())  # {0, n}: CUDA's ids of user-created pools
+        _C._begin_allocate_current_thread_to_pool(self._device, self._id)  # creates it, held by this object
+        _C._end_allocate_to_pool(self._device, self._id)
+
+    @property
+    def id(self) -> Tuple[int, int]:
+        """The pool's id, a tuple of two ints (as ``torch.cuda.MemPool.id``)."""
+        return self._id
+
+    @property
+    def allocator(self):
+        """None: the pool uses vnpu's caching allocator."""
+        return None
+
+    def use_count(self) -> int:
+        """Holders of the pool: 1 for the MemPool itself, plus open :func:`use_mem_pool` scopes and graphs
+        captured into it (as ``torch.cuda.MemPool.use_count``)."""
+        return _C._pool_use_count(self._device, self._id)
+
+    def snapshot(self, include_traces: bool = True) -> list:
+        """This pool's segments, in :func:`memory_snapshot`'s format (``include_traces`` is accepted for
+        torch.cuda's signature; blocks carry their stacks while memory history is recorded)."""
+        return memory_snapshot(self._id)
+
+    def __del__(self):
+        try:
+            _C._release_pool(self._device, self._id)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device=None):
+    """Routes the current thread's allocations on ``device`` (default: the current device) to ``pool`` inside
+    the ``with`` block, as ``torch.cuda.use_mem_pool``: only this thread's (a backward pass on autograd's
+    device threads allocates outside the pool, as on CUDA). Nests."""
+    idx = _index(device)
+    _C._begin_allocate_current_thread_to_pool(idx, pool.id)
+    try:
+        yield
+    finally:
+        _C._end_allocate_to_pool(idx, pool.id)
+        _C._release_pool(idx, pool.id)
 
 
 def _fmt(n: int) -> str:
@@ -240,6 +368,8 @@ def get_extra_copy_ops() -> Dict[str, int]:
 
 
 def reset_op_stats() -> None:
+    """Clears the counters of :func:`get_executed_ops`, :func:`get_fallback_ops` and :func:`get_extra_copy_ops`
+    (vnpu's own executor statistics; torch.cuda has no equivalent)."""
     _C._reset_op_stats()
 
 

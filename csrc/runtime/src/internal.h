@@ -238,6 +238,9 @@ inline bool recording() { return g_activity_on.load(std::memory_order_relaxed); 
 uint64_t current_correlation_id();  // top of this thread's stack, 0 if empty
 uint64_t host_thread_id();          // Linux tid of the calling thread (cached)
 int64_t activity_now_ns();
+// Note [Busy time] (utilization.cpp): a stream worker starts and ends a task of `kind` on `device`.
+void busy_begin(int device, vnpuActivityKind kind);
+void busy_end(int device, vnpuActivityKind kind);
 void activity_submitted();         // a task with record = true was queued
 void add_activity(vnpuStream_st* s, vnpuStream_st::Task& task, int64_t start_ns, int64_t end_ns, bool failed);
 

@@ -89,6 +89,7 @@ void run_worker(vnpuStream_st* s) {
     ran_since_idle = true;
     const int64_t start_ns = task.record ? activity_now_ns() : 0;
     bool failed = true;
+    busy_begin(s->device, task.kind);
     try {
       task.fn();
       failed = false;
@@ -101,6 +102,7 @@ void run_worker(vnpuStream_st* s) {
                           std::string("vNPU kernel '") + task.name + "' failed on vnpu:" +
                               std::to_string(s->device) + " with an unknown exception");
     }
+    busy_end(s->device, task.kind);
     // Before the task counts as complete, so a synchronize sees its record.
     if (task.record) add_activity(s, task, start_ns, activity_now_ns(), failed);
     bool wake;
@@ -162,9 +164,9 @@ vnpuStream_st::Submitted vnpuStream_st::submit(const char* name, vnpuKernel_t fn
     }
   }
   Task task{vnpu::rt::intern_task_name(name), std::move(fn), std::move(on_complete)};
+  task.kind = info.kind;  // also without activity records: Note [Busy time] (utilization.cpp)
   bool notify = false;
   if (recording()) {  // Note [Activity records]
-    task.kind = info.kind;
     task.bytes = info.bytes;
     task.copy_kind = info.copy_kind;
     task.host_pinned = info.host_pinned;

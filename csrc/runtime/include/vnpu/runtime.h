@@ -154,6 +154,9 @@ vnpuError_t vnpuDeviceSynchronize();
 // capturing stream is not waited for. For host-side state changes that
 // queued work must not observe (Note [Host modes take effect as of the call]).
 vnpuError_t vnpuDeviceWaitIdle(int device);
+// Share of the last second (percent, rounded) during which at least one of the device's streams ran a kernel,
+// copy or memset: NVML's utilization.gpu, behind torch.vnpu.utilization / memory_usage.
+vnpuError_t vnpuDeviceGetUtilization(int device, unsigned* percent);
 // 1 if any runtime call was made in this process before a fork() into it.
 int vnpuIsInBadFork();
 
