@@ -5,7 +5,6 @@ where network namespaces cannot be created (needs root/CAP_NET_ADMIN and iproute
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,9 @@ sys.path.insert(0, EXAMPLES)
 import train_gpt  # noqa: E402
 
 from torch_vnpu.testing.distributed import free_port  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import docs_snippets  # noqa: E402
 
 STEPS = 3
 PREFIX = f"vnpu-t{os.getpid() % 100000}"  # interface names stay within 15 characters
@@ -48,14 +50,6 @@ def reference(tmp_path_factory):
                                "--quiet"])
 
 
-def _docs_block(page: str, marker: str) -> str:
-    """The fenced code block that follows ``<!-- tested: ...marker -->`` on a docs page."""
-    text = open(os.path.join(ROOT, "docs", page)).read()
-    match = re.search(r"<!-- tested: [^>]*" + re.escape(marker) + r" -->\n```bash\n(.*?)```", text, re.S)
-    assert match, f"docs/{page} has no block marked {marker}"
-    return match.group(1)
-
-
 def test_two_hosts_command_from_the_docs(hosts, reference, tmp_path):
     """docs/distributed.md's two-host command, run as written (bash, from the repository root): DDP over two
     namespaces trains like one process."""
@@ -63,7 +57,7 @@ def test_two_hosts_command_from_the_docs(hosts, reference, tmp_path):
     if os.path.exists(result_file):
         os.remove(result_file)
     script = tmp_path / "two_hosts.sh"
-    script.write_text(_docs_block("distributed.md", "test_two_hosts_command_from_the_docs"))
+    script.write_text(docs_snippets.block("distributed.md", "test_two_hosts_command_from_the_docs"))
     # .venv/bin/torchrun as written: this interpreter's environment wherever the tests run from
     venv = os.path.dirname(os.path.dirname(sys.executable))
     if os.path.realpath(venv) != os.path.realpath(os.path.join(ROOT, ".venv")):

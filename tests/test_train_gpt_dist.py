@@ -16,6 +16,11 @@ import train_gpt  # noqa: E402
 
 from torch_vnpu.testing.distributed import free_port  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import docs_snippets  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
 STEPS = 4
 
 
@@ -55,3 +60,23 @@ def test_distributed_training_matches_one_process(mode, reference, tmp_path):
     args = type("A", (), {"eval_batches": 4, "batch_size": 16})()
     cpu_val = train_gpt.evaluate(model, val_ids, args, torch.device("cpu"))
     assert abs(cpu_val - result["val"]) <= 1e-5 * cpu_val
+
+
+def test_one_host_commands_from_the_docs(tmp_path):
+    """docs/distributed.md's one-host commands, run as written (bash, from the repository root)."""
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    if os.path.realpath(venv) != os.path.realpath(os.path.join(ROOT, ".venv")):
+        pytest.skip(f"the docs' commands use .venv/bin/torchrun; these tests run from {venv}")
+    results = {name: os.path.join(ROOT, "out", name, "losses.json") for name in ("ddp", "fsdp_tp")}
+    for path in results.values():
+        if os.path.exists(path):
+            os.remove(path)
+    script = tmp_path / "one_host.sh"
+    script.write_text("set -e\n" + docs_snippets.block("distributed.md", "test_one_host_commands_from_the_docs"))
+    proc = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for name, world in (("ddp", 2), ("fsdp_tp", 4)):
+        with open(results[name]) as f:
+            result = json.load(f)
+        assert result["world_size"] == world and len(result["train"]) == 20
+        assert result["train"][-1] < result["train"][0]  # it trained
