@@ -399,3 +399,35 @@ def test_in_order_across_many_small_kernels_default_stream():
     for i in range(500):
         expected.mul_(3).add_(i).remainder_(1_000_003)
     assert torch.equal(x.cpu(), expected)
+
+
+def test_external_stream_wraps_a_stream_made_with_the_runtime():
+    """torch.vnpu.ExternalStream / get_stream_from_external as torch.cuda's: a vnpuStream_t another library made
+    with the runtime (here through its exported vnpuStreamCreate) becomes a torch stream that queues work in
+    order; bad handles raise ValueError."""
+    import ctypes
+    import glob
+    import os
+
+    import torch_vnpu
+
+    lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(torch_vnpu.__file__), "lib", "libvnpu_runtime.so*"))[0])
+    create = getattr(lib, "_Z16vnpuStreamCreatePP13vnpuStream_st")  # vnpuError_t vnpuStreamCreate(vnpuStream_t*)
+    create.restype, create.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]
+    torch.vnpu.init()
+    handle = ctypes.c_void_p()
+    assert create(ctypes.byref(handle)) == 0
+    s = torch.vnpu.ExternalStream(handle.value)
+    assert isinstance(s, torch.vnpu.Stream) and s.vnpu_stream == handle.value and s.device_index == 0
+    assert torch.vnpu.get_stream_from_external(handle.value).stream_id == s.stream_id
+    x = torch.arange(1000.0, device="vnpu")
+    s.wait_stream(torch.vnpu.current_stream())
+    with torch.vnpu.stream(s):
+        y = (x * 2).cumsum(0)
+    s.synchronize()
+    assert torch.equal(y.cpu(), (torch.arange(1000.0) * 2).cumsum(0))
+    other_device = torch.vnpu.Stream(device=1).vnpu_stream
+    for bad, text in ((0, "not a live stream"), (12345, "not a live stream"), (other_device, "belongs to vnpu:1")):
+        with pytest.raises(ValueError, match=text):
+            torch.vnpu.ExternalStream(bad)
+    assert torch.vnpu.ExternalStream(other_device, device=1).device_index == 1

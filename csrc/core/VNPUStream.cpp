@@ -113,6 +113,22 @@ VNPUStream getNewVNPUStream(int priority, DeviceIndex device) {
   return VNPUStream(Stream(Stream::UNSAFE, Device(DeviceType::PrivateUse1, device), id));
 }
 
+VNPUStream getStreamFromExternal(vnpuStream_t ext, DeviceIndex device) {
+  device = resolve_device(device);
+  int owner = -1;
+  TORCH_CHECK_VALUE(vnpuStreamCheckHandle(ext, &owner) == vnpuSuccess, "vnpu stream handle ",
+                    reinterpret_cast<uintptr_t>(ext), " is not a live stream of this process (vnpuStreamCreate)");
+  TORCH_CHECK_VALUE(owner == device, "vnpu stream handle ", reinterpret_cast<uintptr_t>(ext), " belongs to vnpu:",
+                    owner, ", not vnpu:", int(device));
+  if (StreamId known = streamIdOf(device, ext); known >= 0)
+    return VNPUStream(Stream(Stream::UNSAFE, Device(DeviceType::PrivateUse1, device), known));
+  auto& ds = streams_of(device);
+  std::lock_guard<std::mutex> g(ds.dedicated_mu);
+  ds.dedicated.push_back(ext);
+  StreamId id = kFirstDedicatedId + static_cast<StreamId>(ds.dedicated.size() - 1);
+  return VNPUStream(Stream(Stream::UNSAFE, Device(DeviceType::PrivateUse1, device), id));
+}
+
 VNPUStream getDefaultVNPUStream(DeviceIndex device) {
   device = resolve_device(device);
   return VNPUStream(Stream(Stream::DEFAULT, Device(DeviceType::PrivateUse1, device)));

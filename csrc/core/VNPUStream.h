@@ -55,6 +55,10 @@ VNPUStream getStreamFromPool(bool is_high_priority = false, DeviceIndex device =
 VNPUStream getStreamFromPool(int priority, DeviceIndex device = -1);
 // A new dedicated stream with `priority`.
 VNPUStream getNewVNPUStream(int priority = 0, DeviceIndex device = -1);
+// A stream created outside torch (a live vnpuStream_t of this process, e.g. another library's), as
+// CUDA's getStreamFromExternal: it gets a dedicated id; torch never destroys it. Throws (ValueError) for a
+// handle that is no live stream, or one of another device than `device`.
+VNPUStream getStreamFromExternal(vnpuStream_t ext, DeviceIndex device);
 VNPUStream getDefaultVNPUStream(DeviceIndex device = -1);
 VNPUStream getCurrentVNPUStream(DeviceIndex device = -1);
 // Makes `stream` current for its device on this thread.

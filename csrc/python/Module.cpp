@@ -214,6 +214,11 @@ PYBIND11_MODULE(_C, m) {
     auto s = c10::vnpu::VNPUStream(c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type)));
     return static_cast<int64_t>(reinterpret_cast<intptr_t>(s.stream()));
   });
+  m.def("_stream_from_external", [](uintptr_t handle, c10::DeviceIndex d) {
+    c10::vnpu::check_device_index(d);
+    c10::Stream s = c10::vnpu::getStreamFromExternal(reinterpret_cast<vnpuStream_t>(handle), d).unwrap();
+    return py::make_tuple(s.id(), s.device_index(), static_cast<int64_t>(s.device_type()));
+  });
   m.def("_stream_priority", [](int64_t id, c10::DeviceIndex d, int64_t type) {
     return c10::vnpu::VNPUStream(c10::Stream::unpack3(id, d, static_cast<c10::DeviceType>(type))).priority();
   });

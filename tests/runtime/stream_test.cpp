@@ -437,3 +437,22 @@ TEST_F(StreamTest, IdleHookRunsOnTheWorkerAfterTheLingerOnlyOncePerBurst) {
   EXPECT_EQ(idle_hook::calls.load(), 2);
   ASSERT_EQ(vnpuSetWorkerIdleHook(nullptr, 0), vnpuSuccess);
 }
+
+TEST_F(StreamTest, CheckHandleKnowsLiveStreamsOnly) {
+  int device = -1;
+  Stream s;
+  ASSERT_EQ(vnpuStreamCheckHandle(s, &device), vnpuSuccess);
+  EXPECT_EQ(device, 0);
+  vnpuStream_t def = nullptr;
+  ASSERT_EQ(vnpuGetDefaultStream(0, &def), vnpuSuccess);
+  EXPECT_EQ(vnpuStreamCheckHandle(def, &device), vnpuSuccess);
+  EXPECT_EQ(vnpuStreamCheckHandle(nullptr, &device), vnpuErrorInvalidResourceHandle);
+  int not_a_stream = 0;
+  EXPECT_EQ(vnpuStreamCheckHandle(reinterpret_cast<vnpuStream_t>(&not_a_stream), &device),
+            vnpuErrorInvalidResourceHandle);
+  vnpuStream_t gone = nullptr;
+  ASSERT_EQ(vnpuStreamCreate(&gone), vnpuSuccess);
+  ASSERT_EQ(vnpuStreamDestroy(gone), vnpuSuccess);
+  EXPECT_EQ(vnpuStreamCheckHandle(gone, &device), vnpuErrorInvalidResourceHandle);
+  EXPECT_EQ(vnpuStreamCheckHandle(s, nullptr), vnpuErrorInvalidValue);
+}

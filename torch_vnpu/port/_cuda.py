@@ -76,9 +76,9 @@ _FORWARDED = (
     "reset_peak_host_memory_stats", "memory_stats_as_nested_dict", "caching_allocator_alloc",
     "caching_allocator_delete", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
     "list_gpu_processes", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "use_mem_pool",
-    "utilization", "memory_usage",
+    "utilization", "memory_usage", "get_stream_from_external",
 )
-_CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of", "MemPool")
+_CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of", "MemPool", "ExternalStream")
 # torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from
 # torch.cuda.memory, a script may call either) and the memory-history API CUDA users reach for.
 _MEMORY_FORWARDED = _FORWARDED + ("_record_memory_history", "_snapshot", "_dump_snapshot")

@@ -66,7 +66,8 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
-from .streams import Event, Stream, current_stream, default_stream, set_stream, stream, StreamContext
+from .streams import (Event, ExternalStream, Stream, StreamContext, current_stream, default_stream,
+                      get_stream_from_external, set_stream, stream)
 from ._storage import (  # legacy typed storages, as torch.cuda.*Storage
     BFloat16Storage,
     BoolStorage,
@@ -98,7 +99,7 @@ __all__ = [
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
     "OutOfMemoryError", "AcceleratorError", "caching_allocator_alloc", "caching_allocator_delete",
     "is_tf32_supported", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
-    "list_gpu_processes", "MemPool", "use_mem_pool", "utilization", "memory_usage", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory",
+    "list_gpu_processes", "MemPool", "use_mem_pool", "utilization", "memory_usage", "ExternalStream", "get_stream_from_external", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory",
     "random", "streams",
 ] + _storage_all
 

@@ -55,6 +55,26 @@ class Stream(torch.Stream):
         return f"<torch.vnpu.Stream device=vnpu:{self.device_index} stream_id={self.stream_id}>"
 
 
+class ExternalStream(Stream):
+    """A stream created outside torch, as ``torch.cuda.ExternalStream``: ``stream_ptr`` is the ``vnpuStream_t`` (an
+    int) of a live stream that another library made with the runtime's ``vnpuStreamCreate``; torch queues work on
+    it and never destroys it (the library must keep it alive while torch uses it).
+
+    Raises ValueError for a value that is no live vnpu stream of this process, or a stream of another device
+    than ``device`` (default: the current device).
+    """
+
+    def __new__(cls, stream_ptr: int, device=None, **kwargs):
+        stream_id, device_index, device_type = _C._stream_from_external(int(stream_ptr), _device_index(device))
+        return super().__new__(cls, stream_id=stream_id, device_index=device_index, device_type=device_type)
+
+
+def get_stream_from_external(data_ptr: int, device=None) -> Stream:
+    """A :class:`Stream` for the external ``vnpuStream_t`` ``data_ptr`` (``torch.cuda.get_stream_from_external``;
+    see :class:`ExternalStream` for ownership and errors)."""
+    return ExternalStream(data_ptr, device)
+
+
 class Event(torch.Event):
     """A vnpu event: ``Event(enable_timing=False, blocking=False, interprocess=False)``.
 

@@ -1,6 +1,8 @@
 // Streams: in-order task queues, each drained by its own worker thread; kernel launches.
 #include "internal.h"
 
+#include <algorithm>
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -310,6 +312,19 @@ vnpuError_t vnpuStreamGetDevice(vnpuStream_t stream, int* device) {
   if (s == nullptr || device == nullptr) return vnpuErrorInvalidValue;
   *device = s->device;
   return vnpuSuccess;
+}
+
+vnpuError_t vnpuStreamCheckHandle(vnpuStream_t stream, int* device) {
+  if (device == nullptr) return vnpuErrorInvalidValue;
+  if (stream == nullptr) return vnpuErrorInvalidResourceHandle;
+  for (Device* d : devices()) {
+    std::lock_guard<std::mutex> g(d->streams_mu);
+    if (stream == d->default_stream || std::find(d->streams.begin(), d->streams.end(), stream) != d->streams.end()) {
+      *device = d->index;
+      return vnpuSuccess;
+    }
+  }
+  return vnpuErrorInvalidResourceHandle;
 }
 
 vnpuError_t vnpuGetDefaultStream(int device, vnpuStream_t* stream) {

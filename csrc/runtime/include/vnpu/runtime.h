@@ -184,6 +184,10 @@ vnpuError_t vnpuStreamCreateWithPriority(vnpuStream_t* stream, unsigned flags, i
 vnpuError_t vnpuStreamDestroy(vnpuStream_t stream);
 vnpuError_t vnpuStreamGetPriority(vnpuStream_t stream, int* priority);
 vnpuError_t vnpuStreamGetDevice(vnpuStream_t stream, int* device);
+// The device of `stream` if it is a live stream of this process (made by vnpuStreamCreate*, or a default
+// stream); vnpuErrorInvalidResourceHandle for anything else (destroyed, null, not a stream). For handles
+// that come from outside (torch.vnpu.ExternalStream); other calls trust their stream argument, as CUDA's.
+vnpuError_t vnpuStreamCheckHandle(vnpuStream_t stream, int* device);
 vnpuError_t vnpuStreamSynchronize(vnpuStream_t stream);
 vnpuError_t vnpuStreamQuery(vnpuStream_t stream);   // vnpuSuccess or vnpuErrorNotReady
 vnpuError_t vnpuStreamWaitEvent(vnpuStream_t stream, vnpuEvent_t event, unsigned flags = 0);
