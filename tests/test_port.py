@@ -4,6 +4,7 @@ The scripts in port_scripts/ are written for CUDA; each runs in a fresh interpre
 ``python -m torch_vnpu.port.run`` and once on the CPU (their own --device=cpu / --no-cuda / --cpu switch)."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from torch_vnpu.port import check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "port_scripts")
+sys.path.insert(0, HERE)
 
 
 def _run(args: list[str], tmp_path, env: dict | None = None, expect_ok: bool = True, timeout: float = 300):
@@ -132,18 +134,32 @@ def test_ddp_tutorial_script_with_nccl_under_port_mode(nodes, tmp_path):
     on one node (2 processes) and as two nodes (--nnodes 2 --rdzv-backend c10d): vccl, results as DDP's math."""
     from torch_vnpu.testing.distributed import free_port
 
-    out = tmp_path / "ddp.json"
-    script = [os.path.join(SCRIPTS, "ddp_cuda.py"), str(out)]
-    port = free_port()
-    if nodes == 1:
-        launches = [["--nproc-per-node", "2", "--master-port", str(port)]]
-    else:
-        launches = [["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                     f"127.0.0.1:{port}"]] * 2
+    root = os.path.join(HERE, "..")
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch, "-m", "torch_vnpu.port.run",
-                               *script], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for launch in launches]
+    if nodes == 1 and os.path.realpath(os.path.dirname(os.path.dirname(sys.executable))) == os.path.realpath(
+            os.path.join(root, ".venv")):
+        # docs/distributed.md's command, as written, from the repository root
+        import docs_snippets
+
+        out = pathlib.Path(root, "out", "ddp_cuda.json")
+        out.unlink(missing_ok=True)
+        block = docs_snippets.block("distributed.md", "test_ddp_tutorial_script_with_nccl_under_port_mode")
+        commands = [["bash", "-c", block]]
+        cwd = root
+    else:
+        out = tmp_path / "ddp.json"
+        script = [os.path.join(SCRIPTS, "ddp_cuda.py"), str(out)]
+        port = free_port()
+        if nodes == 1:
+            launches = [["--nproc-per-node", "2", "--master-port", str(port)]]
+        else:
+            launches = [["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         f"127.0.0.1:{port}"]] * 2
+        commands = [[sys.executable, "-m", "torch.distributed.run", *launch, "-m", "torch_vnpu.port.run", *script]
+                    for launch in launches]
+        cwd = str(tmp_path)
+    procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in commands]
     try:
         logs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
