@@ -2,14 +2,15 @@
 # installs what it needs (Debian packages, torch==2.13.0, the build tools and
 # this package) before running.
 #   make demo   - train the GPT example on vnpu and cpu, plot both loss curves
-#   make test   - runtime unit tests (ctest) + the Python test suite (pytest)
+#   make test   - runtime unit tests (ctest) + the Python test suite (pytest) + the documentation build
+#   make docs   - the documentation site into out/docs (Sphinx; warnings are errors)
 VENV    ?= .venv
 PYTHON  ?= $(shell command -v python3.11 || command -v python3)
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage check-wheel clean
+.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage check-wheel docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +47,13 @@ test-python: install
 test-slow: install
 	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --import-mode=importlib -m slow .
 
-test: test-runtime test-python
+test: test-runtime test-python docs
+
+# The documentation site (docs/conf.py: Sphinx + MyST) into out/docs; any warning fails the build.
+docs: install
+	rm -rf $(OUT)/docs
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs $(OUT)/docs
+	@echo "docs: $(OUT)/docs/index.html"
 
 bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench

@@ -157,11 +157,11 @@ class graph:
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, allow_unused_input: bool = False,
                            pool: Optional[tuple[int, int]] = None):
-    """``torch.cuda.make_graphed_callables`` on vnpu: graphed versions of functions or ``nn.Module``s whose forward
-    and backward each replay one captured graph inside one autograd node.
+    """``torch.cuda.make_graphed_callables`` on vnpu: graphed versions of functions or ``nn.Module`` objects whose
+    forward and backward each replay one captured graph inside one autograd node.
 
-    Args and constraints are ``torch.cuda.make_graphed_callables``': ``callables`` is one callable or a tuple (then
-    ``sample_args`` is a tuple of argument tuples, and the callables must later run in that order, as they share
+    Arguments and constraints are those of ``torch.cuda.make_graphed_callables``: ``callables`` is one callable or
+    a tuple (then ``sample_args`` is a tuple of argument tuples, and the callables must later run in that order, as they share
     one memory pool); ``sample_args`` hold only tensors, with the ``requires_grad`` of the real inputs; modules must
     have no hooks and no buffers requiring grad; a module's graph runs only in the training mode it was captured in
     (else its original forward). Returns the graphed callable(s) (modules are returned with ``forward`` replaced).
