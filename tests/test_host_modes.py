@@ -43,8 +43,12 @@ def test_deterministic_mode_applies_to_kernels_queued_before_it_is_switched_off(
     expected = torch.zeros(8).index_put_((idx,), val, accumulate=True)
     torch.use_deterministic_algorithms(False)
     idx_v, val_v = idx.to("vnpu"), val.to("vnpu")
-    default = torch.zeros(8, device="vnpu").index_put_((idx_v,), val_v, accumulate=True)
-    assert not torch.equal(default.cpu(), expected), "the two paths agree: nothing to tell apart"
+    # The default path's order of additions comes from its OpenMP threads; when the machine leaves the worker a
+    # single thread it adds in the deterministic order, and the paths cannot be told apart in that run.
+    if all(torch.equal(torch.zeros(8, device="vnpu").index_put_((idx_v,), val_v, accumulate=True).cpu(), expected)
+           for _ in range(5)):
+        pytest.skip("the default index_put_ path gave the deterministic bits 5 times (one OpenMP thread free): "
+                    "nothing to tell the paths apart on this machine now")
     for _ in range(5):
         _busy()
         torch.use_deterministic_algorithms(True)
