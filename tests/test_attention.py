@@ -22,6 +22,13 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _cuda_layout(out):
+    """Strides of efficient attention's output on CUDA (and of its Meta kernel): [B, L, H, D] viewed as
+    [B, H, L, D]."""
+    B, H, L, D = out.shape
+    return (L * H * D, D, H * D, 1)
+
+
 def _qkv(B=2, H=3, L=37, S=45, D=16, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, n, D, generator=g).to(dtype) for n in (L, S, S)]
@@ -56,7 +63,9 @@ def test_fused_attention_is_efficient_attention_with_cpu_results(dtype, mask):
     assert {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward"} <= ops
     assert "_scaled_dot_product_flash_attention_for_cpu" not in ops  # what tensor/context parallelism cannot shard
     for a, b in zip(got, ref):
-        assert torch.equal(a, b) and a.stride() == b.stride()
+        assert torch.equal(a, b)
+    assert got[0].stride() == _cuda_layout(got[0])  # the output in efficient attention's (CUDA's) layout
+    assert all(a.stride() == b.stride() for a, b in zip(got[1:], ref[1:]))  # gradients as CPU's
 
 
 def test_cpu_choice_stands_for_float64_gqa_dropout_and_a_mask_that_requires_grad():
@@ -105,3 +114,51 @@ def test_efficient_attention_backward_without_log_sumexp_raises_clearly():
         aten._scaled_dot_product_efficient_attention_backward(out, q, k, v, None, out, no_lse, seed, offset, 0.0,
                                                               [True, True, True, False])
     assert torch.equal((q + 1).cpu(), q.cpu() + 1)  # the device stays usable
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_compiled_attention_with_several_heads_equals_cpu(layout):
+    """torch.compile checks a fallback kernel's output strides against its Meta kernel: efficient attention's
+    output must have CUDA's layout whatever the query's (a contiguous multi-head query failed with
+    "expected size 2==2, stride 128==8")."""
+    g = torch.Generator().manual_seed(3)
+    if layout == "contiguous":
+        q = torch.randn(2, 4, 16, 8, generator=g)
+    else:
+        q = torch.randn(2, 16, 4, 8, generator=g).transpose(1, 2)
+    fn = torch.compile(lambda a: F.scaled_dot_product_attention(a, a * 0.5, a, is_causal=True).square().sum())
+    leaf = q.to("vnpu").requires_grad_()
+    loss = fn(leaf)
+    loss.backward()
+    ref_leaf = q.clone().requires_grad_()
+    ref = F.scaled_dot_product_attention(ref_leaf, ref_leaf * 0.5, ref_leaf, is_causal=True).square().sum()
+    ref.backward()
+    torch.testing.assert_close(loss.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(leaf.grad.cpu(), ref_leaf.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_backend_switches_choose_as_on_cuda():
+    """sdpa_kernel / torch.backends.cuda.enable_*_sdp select vnpu's kernels as CUDA's: EFFICIENT_ATTENTION alone
+    runs efficient attention (it raised "No viable backend"), FLASH_ATTENTION alone or efficient disabled runs
+    CPU's flash op, MATH the math path; results equal to CPU's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv(L=16, S=16)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    qv, kv, vv = (t.to("vnpu") for t in (q, k, v))
+    expected = {SDPBackend.EFFICIENT_ATTENTION: "_scaled_dot_product_efficient_attention",
+                SDPBackend.FLASH_ATTENTION: "_scaled_dot_product_flash_attention_for_cpu",
+                SDPBackend.MATH: None}  # a composite: decomposed before it reaches the dispatch mode
+    fused = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu"}
+    for backend, op in expected.items():
+        with sdpa_kernel(backend), _Ops() as mode:
+            out = F.scaled_dot_product_attention(qv, kv, vv)
+        assert (op in mode.ops) if op else not fused & set(mode.ops), (backend, mode.ops)
+        torch.testing.assert_close(out.cpu(), ref, rtol=1e-6, atol=1e-6)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    try:
+        with _Ops() as mode:
+            F.scaled_dot_product_attention(qv, kv, vv)
+        assert "_scaled_dot_product_flash_attention_for_cpu" in mode.ops
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(True)

@@ -64,6 +64,12 @@ def test_message_names_the_argument_and_the_op(call, text, xy):
     assert text in str(ei.value) and "module.to" not in str(ei.value)
 
 
+def test_module_hint_only_for_a_cpu_tensor():
+    with pytest.raises(RuntimeError, match=SAME_DEVICE) as ei:
+        torch.nn.Linear(4, 4).to("vnpu:0")(torch.ones(2, 4, device="vnpu:1"))
+    assert "vnpu:0 and vnpu:1" in str(ei.value) and "module" not in str(ei.value)
+
+
 def test_module_left_on_the_cpu_is_named():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     with pytest.raises(RuntimeError, match=SAME_DEVICE) as ei:

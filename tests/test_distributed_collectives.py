@@ -616,6 +616,39 @@ def test_new_group(world):
         assert fails == []
 
 
+def _nested_future_waits(rank, ws):
+    """A then() callback that waits on another collective of the same group (what PowerSGD's DDP hook does): it
+    deadlocked, both ranks stuck in the group's one completion thread."""
+    import torch.nn as nn
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    a = torch.ones(4, device="vnpu")
+    b = torch.full((4,), float(rank + 1), device="vnpu")
+    nested = dist.all_reduce(a, async_op=True).get_future().then(
+        lambda f: dist.all_reduce(b, async_op=True).get_future().wait()[0]).wait()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("vnpu"))
+    model.register_comm_hook(powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
+                             powersgd.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):  # steps 3 and 4 compress (nested futures inside the hook)
+        opt.zero_grad()
+        model(torch.randn(8, 16, generator=g).to("vnpu")).square().mean().backward()
+        opt.step()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(params) for _ in range(ws)]
+    dist.all_gather(gathered, params)
+    return nested.tolist(), a.tolist(), all(torch.equal(gathered[0], x) for x in gathered), bool(params.isfinite().all())
+
+
+def test_a_callback_may_wait_for_another_collective(world):
+    for nested, a, same, finite in world.run(_nested_future_waits, timeout=120):
+        assert nested == [3.0] * 4 and a == [2.0] * 4  # 1 + 2 and 1 + 1
+        assert same and finite  # DDP with PowerSGD: replicas stay identical
+
+
 def _functional(rank, ws):
     import torch.distributed._functional_collectives as fc
 

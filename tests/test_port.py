@@ -176,6 +176,27 @@ def test_ddp_tutorial_script_with_nccl_under_port_mode(nodes, tmp_path):
     assert got["mesh"] == ["vnpu", [3.0, 3.0, 3.0], "vnpu:0"]
 
 
+def test_mp_spawn_children_run_in_port_mode(tmp_path):
+    """mp.spawn's children import torch afresh: port mode reaches them through the environment (they failed at
+    torch.cuda.set_device). DDP's gradient is the mean of the ranks' gradients."""
+    from torch_vnpu.testing.distributed import free_port
+
+    out = tmp_path / "spawn.json"
+    _run(["-m", "torch_vnpu.port.run", os.path.join(SCRIPTS, "ddp_spawn_cuda.py"), str(out), str(free_port())],
+         tmp_path, timeout=240)
+    got = json.loads(out.read_text())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 1)
+    grads = []
+    for rank in range(torch.vnpu.device_count()):
+        model.zero_grad()
+        x = torch.randn(8, 20, generator=torch.Generator().manual_seed(rank))
+        model(x).square().mean().backward()
+        grads.append(model.weight.grad.clone())
+    torch.testing.assert_close(torch.tensor(got["grad"]), sum(grads) / len(grads), rtol=1e-5, atol=1e-6)
+    assert got["device"] == "vnpu:0" and got["backend"] == "vccl"
+
+
 def test_port_mode_backend_strings():
     from torch_vnpu.port._cuda import map_backend
 

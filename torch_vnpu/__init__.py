@@ -124,6 +124,12 @@ def _register() -> None:
         from . import sanitizer
 
         sanitizer._enable_from_environment()
+    # A child of a port-mode process (multiprocessing spawn, mp.spawn of the DDP tutorial) runs the same CUDA
+    # code: port mode passes to it through the environment (torch_vnpu.port._cuda.enable sets the variable).
+    if os.environ.get("TORCH_VNPU_PORT_MODE") == "1":
+        from .port import _cuda as _port
+
+        _port.enable()
 
 
 _installed = _installed_copy()

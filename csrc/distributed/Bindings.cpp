@@ -2,6 +2,7 @@
 // entry point is torch_vnpu.distributed, which registers the backend).
 #include "Bindings.h"
 
+#include "FutureCompletion.h"
 #include "ProcessGroupVCCL.h"
 
 #include <pybind11/chrono.h>
@@ -54,6 +55,10 @@ where ``gloo`` is a ``ProcessGroupGloo`` over the same ranks.)");
       // device (NCCL's ncclCommSplit needs every rank); vccl builds each group on its own.
       .def("perform_nocolor_split", [](ProcessGroupVCCL&, const c10::Device&) {});
 
+  m.def("_stop_future_completions", [] {
+    py::gil_scoped_release nogil;  // the completion threads may be waiting for the GIL
+    c10d::vnpu::FutureCompletion::stopAll("the interpreter is exiting");
+  });
   m.def("_set_gloo_factory", [](py::function fn) {
     // Leaked on purpose: it must outlive every process group, even at interpreter exit.
     auto* f = new py::object(std::move(fn));

@@ -1,5 +1,7 @@
 #include "FutureCompletion.h"
 
+#include <algorithm>
+
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -7,7 +9,40 @@
 
 namespace c10d::vnpu {
 
-FutureCompletion::~FutureCompletion() { stop("the process group was destroyed"); }
+namespace {
+
+std::mutex g_live_mu;  // guards g_live
+std::vector<FutureCompletion*>& live() {
+  static auto* v = new std::vector<FutureCompletion*>();  // leaked: used at exit
+  return *v;
+}
+
+}  // namespace
+
+FutureCompletion::FutureCompletion() {
+  std::lock_guard<std::mutex> g(g_live_mu);
+  live().push_back(this);
+}
+
+FutureCompletion::~FutureCompletion() {
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    auto& v = live();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+  stop("the process group was destroyed");
+}
+
+void FutureCompletion::stopAll(const std::string& reason) {
+  std::vector<std::shared_ptr<FutureCompletion>> all;
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    for (FutureCompletion* f : live()) {
+      if (auto p = f->weak_from_this().lock()) all.push_back(std::move(p));
+    }
+  }
+  for (auto& f : all) f->stop(reason);
+}
 
 void FutureCompletion::complete(Pending& p, const std::string& reason) {
   try {
@@ -41,10 +76,7 @@ void FutureCompletion::add(const OpPtr& op, c10::intrusive_ptr<c10::ivalue::Futu
       return;
     }
     pending_.push_back(std::move(p));
-    if (!started_) {
-      started_ = true;
-      thread_ = std::thread([this] { loop(); });
-    }
+    if (threads_.empty()) threads_.emplace_back([this] { loop(); });
   }
   // Wakes this thread when the op finishes (at once if it already has).
   op->onFinish([weak = weak_from_this()] {
@@ -57,6 +89,7 @@ void FutureCompletion::add(const OpPtr& op, c10::intrusive_ptr<c10::ivalue::Futu
 
 void FutureCompletion::loop() {
   std::unique_lock<std::mutex> g(mu_);
+  ++idle_;
   while (true) {
     std::list<Pending> done;
     for (auto it = pending_.begin(); it != pending_.end();) {
@@ -65,13 +98,19 @@ void FutureCompletion::loop() {
       it = next;
     }
     if (!done.empty()) {
+      // A callback may wait for a later collective of this group: keep a thread free to complete it.
+      if (--idle_ == 0 && !stop_ && threads_.size() < kMaxThreads) threads_.emplace_back([this] { loop(); });
       g.unlock();  // callbacks may take the GIL, or issue collectives (add())
       for (auto& p : done) complete(p);
       done.clear();  // the outputs' last references may be dropped here
       g.lock();
+      ++idle_;
       continue;
     }
-    if (stop_) return;
+    if (stop_) {
+      --idle_;
+      return;
+    }
     cv_.wait(g);
   }
 }
@@ -84,7 +123,16 @@ void FutureCompletion::stop(const std::string& reason) {
     stop_ = true;
     cv_.notify_all();
   }
-  if (thread_.joinable()) thread_.join();
+  // Threads may start others until they see stop_; none starts after that.
+  for (size_t i = 0;; ++i) {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (i >= threads_.size()) break;
+      t = std::move(threads_[i]);
+    }
+    if (t.joinable()) t.join();
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     left.swap(pending_);

@@ -362,7 +362,9 @@ struct DeviceFinder {
   const char* arg = "";
 
   void mismatch(const Tensor& t) {
-    const bool param = t.device().is_cpu() ? t.requires_grad() : common_tensor && common_tensor->requires_grad();
+    // Only a CPU tensor can be a module's parameter left on the CPU.
+    const bool param = t.device().is_cpu() ? t.requires_grad()
+                                           : common->is_cpu() && common_tensor && common_tensor->requires_grad();
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", *common,
                 " and ", t.device(), "! (when checking argument for argument ", arg, " in method ", op_name, ")",
                 param ? ". The cpu tensor requires grad: if it is a module's parameter, move the module to the "

@@ -14,7 +14,11 @@
 // Meta kernel's) shape, the sequence padded to a multiple of 32; philox seed
 // and offset are unused (no dropout, as for CPU's flash kernel). Not taken
 // (CPU's choice stands): nested tensors, enable_gqa, float64, a mask that
-// requires grad (efficient attention would owe its gradient).
+// requires grad (efficient attention would owe its gradient). The output has
+// the Meta kernel's (CUDA's) layout, which compiled graphs rely on, whatever
+// the query's layout. The user's switches choose as on CUDA: flash or
+// efficient enabled give vnpu's fused kernel; efficient disabled gives CPU's
+// flash op.
 #include "CpuAlias.h"
 
 #include <ATen/SDPBackend.h>
@@ -23,7 +27,6 @@
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -45,10 +48,29 @@ bool takes_efficient_attention(const Tensor& q, const std::optional<Tensor>& mas
          (dtype == kFloat || dtype == kHalf || dtype == kBFloat16) && !(mask.has_value() && mask->requires_grad());
 }
 
+// The constraints of CPU's flash-attention kernel (aten/src/ATen/native/transformers/attention.cpp), for a
+// choice CPU did not make itself.
+bool flash_kernel_accepts(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
+                          double dropout_p) {
+  if (dropout_p != 0.0 || k.dim() != 4 || v.dim() != 4) return false;
+  if (q.sym_size(3) != k.sym_size(3) || k.sym_size(3) != v.sym_size(3)) return false;
+  if (q.sym_size(2) == 0 || k.sym_size(2) == 0) return false;
+  if (q.sym_stride(3) != 1 || k.sym_stride(3) != 1 || v.sym_stride(3) != 1) return false;
+  if (mask.has_value() && mask->dim() != 2 && mask->dim() != 4) return false;
+  return true;
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
                          double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  auto& ctx = at::globalContext();
+  const bool efficient_on = ctx.userEnabledMemEfficientSDP();
+  // sdpa_kernel(EFFICIENT_ATTENTION) (flash off): CPU would not consider its flash kernel, which is what vnpu's
+  // efficient attention runs (and would raise with math off too); that kernel's constraints decide.
+  if (efficient_on && !ctx.userEnabledFlashSDP() && takes_efficient_attention(q, mask, enable_gqa) &&
+      flash_kernel_accepts(q, k, v, mask, dropout_p))
+    return static_cast<int64_t>(SDPBackend::efficient_attention);
   // Symbolic sizes (torch.compile with dynamic shapes traces with fake tensors): no CPU alias can hold them,
   // and the CPU choice reads sizes and strides through sym_size/sym_stride only, so it takes the tensors as
   // they are.
@@ -57,13 +79,15 @@ int64_t fused_sdp_choice(const Tensor& q, const Tensor& k, const Tensor& v, cons
   if (symbolic(q) || symbolic(k) || symbolic(v) || (mask.has_value() && symbolic(*mask))) {
     cpu = at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   } else {
-    AliasContext ctx;  // metadata only: the CPU choice never reads the data
+    AliasContext alias_ctx;  // metadata only: the CPU choice never reads the data
     std::optional<Tensor> m;
-    if (mask.has_value()) m = cpu_meta_view(*mask, ctx);
-    cpu = at::native::_fused_sdp_choice_cpp(cpu_meta_view(q, ctx), cpu_meta_view(k, ctx), cpu_meta_view(v, ctx), m,
-                                            dropout_p, is_causal, scale, enable_gqa);
+    if (mask.has_value()) m = cpu_meta_view(*mask, alias_ctx);
+    cpu = at::native::_fused_sdp_choice_cpp(cpu_meta_view(q, alias_ctx), cpu_meta_view(k, alias_ctx),
+                                            cpu_meta_view(v, alias_ctx), m, dropout_p, is_causal, scale, enable_gqa);
   }
-  if (cpu == static_cast<int64_t>(SDPBackend::flash_attention) && takes_efficient_attention(q, mask, enable_gqa))
+  // enable_mem_efficient_sdp(False) / sdpa_kernel(FLASH_ATTENTION): CPU's flash op, as asked.
+  if (efficient_on && cpu == static_cast<int64_t>(SDPBackend::flash_attention) &&
+      takes_efficient_attention(q, mask, enable_gqa))
     return static_cast<int64_t>(SDPBackend::efficient_attention);
   return cpu;
 }
@@ -77,14 +101,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_attention(const Tensor& q, 
                                                                const std::optional<Tensor>& bias,
                                                                bool compute_log_sumexp, double dropout_p,
                                                                bool is_causal, std::optional<double> scale) {
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, bias, scale);
-  const int64_t length = q.size(2);
+  auto [flash_out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, bias, scale);
+  const int64_t batch = q.size(0), heads = q.size(1), length = q.size(2), dim_v = v.size(3);
+  // The layouts of the Meta kernel (CUDA's), which compiled graphs check: output [B, L, H, Dv] viewed as
+  // [B, H, L, Dv]; log_sumexp contiguous. CPU's kernel gives the output the query's layout: the same for the
+  // usual q = proj(x).view(B, L, H, D).transpose(1, 2), one copy otherwise.
+  Tensor out = flash_out;
+  const std::vector<int64_t> strides = {length * heads * dim_v, dim_v, heads * dim_v, 1};
+  bool same = true;
+  for (int64_t d = 0; d < 4; ++d) same &= out.size(d) <= 1 || out.stride(d) == strides[d];
+  if (!same) {
+    out = at::empty({batch, length, heads, dim_v}, flash_out.options()).transpose(1, 2);
+    out.copy_(flash_out);
+  }
   Tensor log_sumexp;
   if (compute_log_sumexp) {
     const int64_t padded = (length + 31) / 32 * 32;
-    log_sumexp = at::constant_pad_nd(lse.to(kFloat), {0, padded - length}, 0.0);
+    log_sumexp = at::empty({batch, heads, padded}, q.options().dtype(kFloat));
+    log_sumexp.narrow(2, 0, length).copy_(lse);
+    if (padded > length) log_sumexp.narrow(2, length, padded - length).zero_();
   } else {
-    log_sumexp = at::empty({q.size(0), q.size(1), 0}, q.options().dtype(kFloat));
+    log_sumexp = at::empty({batch, heads, 0}, q.options().dtype(kFloat));
   }
   auto unused = q.options().dtype(kLong);
   return {out, log_sumexp, at::empty({}, unused), at::empty({}, unused)};

@@ -14,8 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def ddp_setup():
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    init_process_group(backend="nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    # device_id: the eager-init form PyTorch's docs recommend
+    init_process_group(backend="nccl", device_id=torch.device(f"cuda:{local_rank}"))
 
 
 def main(out):

@@ -100,6 +100,10 @@ def _register() -> None:
     from . import _compat
 
     _bindings()._set_gloo_factory(_new_gloo)
+    # vccl's future-completion threads run Python callbacks: stop them before the interpreter finalizes.
+    import atexit
+
+    atexit.register(_bindings()._stop_future_completions)
     Backend.register_backend("vccl", _create_vccl, extended_api=True, devices=["vnpu"])
     _compat.install()
     _registered = True

@@ -22,12 +22,16 @@ What it changes, process-wide, until :func:`disable`:
 * ``torch.distributed``: the backend ``"nccl"`` (alone, or as ``"cuda:nccl"`` in ``"cpu:gloo,cuda:nccl"``) means
   vccl on vnpu, in ``init_process_group``, ``new_group`` and every other call that takes a backend string;
   ``torch.distributed.is_nccl_available()`` is True for the script's calls; ``dist.get_backend()`` then reports
-  ``"vccl"``; ``init_device_mesh("cuda", ...)`` / ``DeviceMesh("cuda", ...)`` build a vnpu mesh;
+  ``"vccl"``; ``init_device_mesh("cuda", ...)`` / ``DeviceMesh("cuda", ...)`` build a vnpu mesh; ``init_process_group(...,
+  device_id=torch.device("cuda", i))`` binds ``vnpu:i``;
 * CUDA-only features with a vnpu equivalent (``torch_vnpu.port._cuda_only``): ``torch.Generator(device="cuda")``,
   ``x.type(torch.cuda.FloatTensor)`` and the typed tensor classes, ``torch.cuda.CUDAGraph`` / ``graph`` /
   ``make_graphed_callables``, ``torch.cuda.nvtx`` ranges (as profiler ranges);
 * ``torch.profiler.profile(activities=[..., ProfilerActivity.CUDA])`` records vnpu's device activity
   (``PrivateUse1``), as CUDA's would be;
+
+Child processes (multiprocessing spawn, ``torch.multiprocessing.spawn``) run in port mode too: ``enable`` sets
+``TORCH_VNPU_PORT_MODE=1`` in the environment, and torch_vnpu enables port mode when a process with it imports torch.
 
 Tensors report ``device.type == "vnpu"`` (and ``is_cuda`` False): a script comparing a tensor's device with
 the string ``"cuda"`` sees False; its own device strings and ``torch.device("cuda")`` objects stay what they are
@@ -340,6 +344,17 @@ def enable() -> torch.device:
         _save(dist.Backend, "__new__", port_backend_new)
         # `backend = "nccl" if dist.is_nccl_available() else "gloo"`: the script means "the GPU's backend".
         _save(dist, "is_nccl_available", _forwarder(dist.is_nccl_available, lambda: True))
+        # init_process_group(..., device_id=torch.device(f"cuda:{local_rank}")): the eager-init idiom.
+        from torch.distributed import distributed_c10d as c10d
+
+        init_pg = c10d.init_process_group
+
+        @functools.wraps(init_pg)
+        def port_init_process_group(*args, device_id=None, **kwargs):
+            return init_pg(*args, device_id=map_device(device_id), **kwargs)
+
+        _save(dist, "init_process_group", port_init_process_group)
+        _save(c10d, "init_process_group", port_init_process_group)
         # init_device_mesh("cuda", ...), DeviceMesh("cuda", ...), DeviceMesh.from_group(..., "cuda") all construct
         # through DeviceMesh.__init__.
         from torch.distributed.device_mesh import DeviceMesh
@@ -358,11 +373,18 @@ def enable() -> torch.device:
 
     _mode = _CudaToVnpu()
     _mode.__enter__()
+    import os
+
+    # Child processes started from here (multiprocessing spawn, mp.spawn) enable port mode when they import torch.
+    os.environ["TORCH_VNPU_PORT_MODE"] = "1"
     return torch.device(_TARGET)
 
 
 def disable() -> None:
     """Undo :func:`enable` (call it from the thread that enabled port mode)."""
+    import os
+
+    os.environ.pop("TORCH_VNPU_PORT_MODE", None)
     global _mode
     if _mode is not None:
         _mode.__exit__(None, None, None)
