@@ -497,6 +497,24 @@ def test_check_reports_computed_device_strings():
     assert "torch.device('cuda', i) object" in got[7, 'torch.device(f"cuda:{local_rank}")']
 
 
+NCCL_USES = '''import torch.distributed as dist
+from torch.distributed import Backend
+g = dist.new_group([0, 1], backend="cpu:gloo,cuda:nccl")
+s = dist.new_subgroups(backend="nccl")
+ok = dist.is_nccl_available()
+same = dist.get_backend() == "nccl"
+b = Backend.NCCL
+fine = dist.new_group([0], backend="gloo")
+'''
+
+
+def test_check_reports_nccl_uses_beyond_init_process_group():
+    got = {(f.line, f.code): f.replacement for f in check.check_source(NCCL_USES, "n.py")}
+    assert set(got) == {(3, '"cpu:gloo,cuda:nccl"'), (4, '"nccl"'), (5, "dist.is_nccl_available()"),
+                        (6, 'dist.get_backend() == "nccl"'), (7, "Backend.NCCL")}, got
+    assert "get_default_backend_for_device" in got[6, 'dist.get_backend() == "nccl"']
+
+
 def test_check_unparsable_file_reports_only_the_error(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("x = torch.cuda.synchronize(\n")

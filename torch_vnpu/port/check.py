@@ -118,6 +118,11 @@ def _is_computed_cuda_string(node: ast.AST) -> bool:
     return False
 
 
+_BACKEND_CALLS = ("init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+                  "split_group")
+_NCCL = ("leave backend out (or torch.distributed.get_default_backend_for_device(device)): torch picks nccl on "
+         "CUDA, vccl on vnpu, gloo on CPU")
+
 _COMPUTED = (f"f\"{{device_type}}:{{i}}\" with device_type = {ACC}.type, or torch.device(device_type, i) "
              "(port mode maps the string where torch is given it)")
 _DEVICE_OBJECT = (f"torch.device({ACC}.type, i): a torch.device('cuda', i) object is CUDA's wherever the script "
@@ -213,6 +218,11 @@ class _Visitor(ast.NodeVisitor):
             self._import(node, [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names if a.name != "*"])
 
     def visit_Compare(self, node: ast.Compare) -> None:
+        if id(node) not in self._seen and any(isinstance(n, ast.Constant) and n.value == "nccl"
+                                              for n in [node.left, *node.comparators]):
+            self._add(node, "compare with torch.distributed.get_default_backend_for_device(device) (the backend "
+                            "of the device you use: nccl on CUDA, vccl on vnpu)")
+            return
         if id(node) not in self._seen and any(_is_cuda_string(n) or _is_computed_cuda_string(n)
                                               for n in [node.left, *node.comparators]):
             self._add(node, f"compare the type of the device you use, e.g. device_type = {ACC}.type "
@@ -230,12 +240,15 @@ class _Visitor(ast.NodeVisitor):
                 self._add(node, _DEVICE_OBJECT)
             elif _is_computed_cuda_string(node):
                 self._add(node, _COMPUTED)
-            if func and func.split(".")[-1] == "init_process_group":
-                backend = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "backend"), None)
+            if func and func.split(".")[-1] in _BACKEND_CALLS:
+                backend = (node.args[0] if node.args and func.split(".")[-1] == "init_process_group"
+                           else next((k.value for k in node.keywords if k.arg == "backend"), None))
                 if (isinstance(backend, ast.Constant) and isinstance(backend.value, str)
                         and "nccl" in backend.value and id(backend) not in self._seen):
-                    self._add(backend, "leave backend out (or torch.distributed.get_default_backend_for_device("
-                                       "device)): torch picks nccl on CUDA, vccl on vnpu, gloo on CPU")
+                    self._add(backend, _NCCL)
+            if func and func.split(".")[-1] == "is_nccl_available" and func.startswith("torch.distributed"):
+                self._add(node, "torch.distributed.is_backend_available(torch.distributed."
+                                "get_default_backend_for_device(device)) (nccl exists only for CUDA)")
             for kw in node.keywords:
                 if (kw.arg == "accelerator" and isinstance(kw.value, ast.Constant)
                         and kw.value.value in ("gpu", "cuda") and id(kw.value) not in self._seen):
@@ -248,6 +261,9 @@ class _Visitor(ast.NodeVisitor):
             replacement = _cuda_replacement(name)
             if replacement is not None and name not in ("torch.backends.cudnn", "torch.backends.cuda"):
                 self._add(node, replacement)
+                return
+            if name == "torch.distributed.Backend.NCCL" or (node.attr == "NCCL" and name.endswith("Backend.NCCL")):
+                self._add(node, _NCCL)
                 return
             if node.attr == "is_cuda":
                 self._add(node, "x.device.type == device.type (is_cuda is False on any other accelerator)")
