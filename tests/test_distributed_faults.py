@@ -300,6 +300,13 @@ def _absent_peer_waits(rank, ws):
             out[name] = ("no error", value, time.perf_counter() - t0)
         except RuntimeError as e:
             out[name] = (type(e).__name__, str(e).splitlines()[0], time.perf_counter() - t0)
+        # A failure delivered through a Future (which may never be waited on) is also the device's pending
+        # error, raised once by the next synchronization; a failure Work.wait() raised is not raised again.
+        try:
+            torch.vnpu.synchronize()
+            out[name + " then synchronize"] = None
+        except RuntimeError as e:
+            out[name + " then synchronize"] = str(e)
 
     def fut_wait(x, g):
         return dist.all_reduce(x, group=g, async_op=True).get_future().wait()[0].cpu().tolist()
@@ -354,6 +361,9 @@ def test_futures_and_timed_waits_raise_when_a_peer_never_calls(subgroup_world):
         assert "vccl: all_reduce" in msg and ("timed out" in msg.lower() or "did not complete" in msg), (name, msg)
         assert elapsed < 15, (name, elapsed)
     assert r0["then_callback_saw"] == ["DistBackendError"], r0
+    for name in ("future.wait", "then", "ddp", "wait(timeout)"):
+        pending = r0[name + " then synchronize"]
+        assert pending is not None and "vccl: all_reduce" in pending, (name, pending)
     kind, msg, elapsed = r0["wait(timeout)"]
     assert kind == "DistBackendError" and "within the wait timeout of 500 ms" in msg, r0["wait(timeout)"]
     assert 0.4 < elapsed < 2.0, elapsed  # raised by wait() itself, not at a later synchronization
@@ -393,3 +403,53 @@ def test_a_dead_peer_fails_the_future_and_the_group(how):
     assert kind == "DistBackendError" and "vccl: all_reduce" in msg, (kind, msg)
     assert "vccl: all_reduce" in later and "failed earlier" in later, later
     assert elapsed < 20, elapsed
+
+
+def _dead_peer_never_waited(rank, ws, how):
+    """Rank 1 dies; rank 0 issues async all_reduces it never waits on (fire and forget; the Work kept, dropped,
+    or its future taken), then synchronizes the device, as code written for torch.cuda does
+    (torch.cuda.synchronize() orders the host after NCCL's stream). That must raise, never hand back the
+    un-reduced tensor; after the one report the device works again."""
+    dist.barrier()
+    if rank == 1:
+        threading.Timer(0.5, lambda: os._exit(0)).start()
+        return None
+    time.sleep(2.0)
+    x = torch.ones(4, device="vnpu")
+    t0 = time.perf_counter()
+    w = dist.all_reduce(x, async_op=True)
+    if how == "dropped":
+        del w
+    elif how == "future":
+        fut = w.get_future()  # taken, never waited  # noqa: F841
+    try:
+        if how == "waited late":
+            time.sleep(7.0)  # past the group's timeout: the op failed, its hold-stream gate reported it
+            w.wait()
+        torch.vnpu.synchronize()
+        res = ("no error", x.cpu().tolist())
+    except RuntimeError as e:
+        res = (type(e).__name__, str(e))
+    elapsed = time.perf_counter() - t0
+    try:
+        torch.vnpu.synchronize()
+        again = None
+    except RuntimeError as e:
+        again = str(e)
+    # reported once: the device is usable after it (a CUDA asynchronous error is also returned once)
+    after = (torch.arange(3, device="vnpu") * 2).cpu().tolist()
+    torch.vnpu.synchronize()
+    return res, elapsed, after, again
+
+
+@pytest.mark.parametrize("how", ["kept", "dropped", "future", "waited late"])
+def test_a_failed_collective_nobody_waited_for_fails_the_next_synchronization(how):
+    res = run_world(2, _dead_peer_never_waited, how, init_kwargs={"timeout": datetime.timedelta(seconds=5)})
+    (kind, msg), elapsed, after, again = res[0]
+    assert kind != "no error", f"the un-reduced tensor was returned: {msg}"
+    assert "vccl: all_reduce" in msg, msg
+    if how == "waited late":
+        assert kind == "DistBackendError", (kind, msg)  # raised by wait() itself
+    assert elapsed < 20, elapsed
+    assert again is None, f"the failure was reported twice: {again}"
+    assert after == [0, 2, 4]

@@ -26,6 +26,7 @@
 #include <vnpu/runtime.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -95,6 +96,15 @@ struct CollectiveOp {
   // otherwise on the thread that finishes it, so it must be short and must not
   // take the GIL (FutureCompletion only wakes its thread).
   void onFinish(std::function<void()> callback);
+  // Note [A failed collective is reported once]: every waiter of a failed op
+  // (Work.wait() on the host, a gate on the caller's stream, the hold stream's
+  // gate) may report it; the first to claim the report does, so the error is
+  // neither lost (a collective nobody waited for fails the next
+  // synchronization, as an asynchronous CUDA error does) nor raised twice.
+  // True for the first caller only.
+  bool claimReport() { return !reported_.exchange(true); }
+  bool reportClaimed() const { return reported_.load(); }
+
   Clock::time_point issued = Clock::now();
   float durationMs();              // issue to completion, -1 if not completed
 
@@ -106,6 +116,7 @@ struct CollectiveOp {
   int source_rank_ = -1;
   Clock::time_point finished_;
   std::vector<std::function<void()>> on_finish_;
+  std::atomic<bool> reported_{false};
 };
 
 using OpPtr = std::shared_ptr<CollectiveOp>;

@@ -287,11 +287,15 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
   }
   engine_->submit(op);
   if (!launchBlocking()) {
-    enqueueGate(op, hold.stream(), kNoTimeout, /*raise=*/false);
+    // Also the reporter of last resort: a failed collective nobody waited for
+    // fails the device's next synchronization.
+    enqueueGate(op, hold.stream(), kNoTimeout);
   } else if (!has_p2p) {
     // VNPU_LAUNCH_BLOCKING=1: the collective completes (or raises) in the call.
     op->waitDone(kNoTimeout);
-    if (op->state() == CollectiveOp::State::kFailed) C10_THROW_ERROR(DistBackendError, op->error());
+    if (op->state() == CollectiveOp::State::kFailed && op->claimReport()) {
+      C10_THROW_ERROR(DistBackendError, op->error());
+    }
   }
   futures_->add(op, future, outputs, launchBlocking() ? stream.unwrap() : hold.unwrap());
   return c10::make_intrusive<WorkVCCL>(op, rank_, dev, std::move(outputs), future, blocking);

@@ -4,7 +4,10 @@
 #include "../core/VNPUStream.h"
 
 #include <c10/util/Exception.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/StringUtil.h>
+
+#include <thread>
 
 namespace c10d::vnpu {
 namespace {
@@ -17,22 +20,42 @@ std::exception_ptr errorOf(const std::string& msg) {
   return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
 }
 
+// Work.wait() raises a failure on the host; when a gate already claimed the
+// report (Note [A failed collective is reported once]), its exception is, or is
+// about to become, the device's pending error: take it, so the next
+// synchronization does not raise the same failure again.
+void takeGateReport(CollectiveOp& op) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, op.device));
+  const std::string error = op.error();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+  while (Clock::now() < deadline) {
+    if (vnpuPeekAtLastError() != vnpuSuccess) {
+      if (std::string(vnpuGetLastErrorString()).find(error) != std::string::npos) (void)vnpuGetLastError();
+      return;  // another failure stays pending: the first one is what the device reports
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
-void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout, bool raise) {
+void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout) {
   // Orders `stream` after the op's declared accesses for the sanitizer; no
   // real wait: the collective cannot finish before its ready task ran.
   if (op->declared) VNPU_CHECK(vnpuStreamWaitEvent(static_cast<vnpuStream_t>(stream), op->declared));
   if (op->state() == CollectiveOp::State::kDone) return;  // nothing left to wait for
   std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op->timeout + kGateSlack;
   std::string name = c10::str("vccl:", op->name);
-  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, limit, raise] {
-    if (!op->waitDone(limit) && raise) {
-      throw std::runtime_error(c10::str(
-          "vccl: ", describe(*op), " did not complete within ", limit.count(),
-          " ms; a peer may have died, be stuck, or not call this collective"));
+  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, limit] {
+    if (!op->waitDone(limit)) {
+      if (op->claimReport()) {
+        throw std::runtime_error(c10::str(
+            "vccl: ", describe(*op), " did not complete within ", limit.count(),
+            " ms; a peer may have died, be stuck, or not call this collective"));
+      }
+      return;
     }
-    if (raise && op->state() == CollectiveOp::State::kFailed) throw std::runtime_error(op->error());
+    if (op->state() == CollectiveOp::State::kFailed && op->claimReport()) throw std::runtime_error(op->error());
   }));
 }
 
@@ -61,7 +84,7 @@ std::vector<at::Tensor> WorkVCCL::result() { return outputs_; }
 
 void WorkVCCL::gateCurrentStream(std::chrono::milliseconds timeout) {
   auto stream = c10::vnpu::getCurrentVNPUStream(device_.index());
-  enqueueGate(op_, stream.stream(), timeout, /*raise=*/true);
+  enqueueGate(op_, stream.stream(), timeout);
 }
 
 void WorkVCCL::synchronize() { gateCurrentStream(kNoTimeout); }
@@ -88,7 +111,10 @@ bool WorkVCCL::wait(std::chrono::milliseconds timeout) {
                                " ms on rank ", rank_, "; a peer may have died or not reached it"));
     }
   }
-  if (op_->state() == CollectiveOp::State::kFailed) C10_THROW_ERROR(DistBackendError, op_->error());
+  if (op_->state() == CollectiveOp::State::kFailed) {
+    if (!op_->claimReport()) takeGateReport(*op_);
+    C10_THROW_ERROR(DistBackendError, op_->error());
+  }
   gateCurrentStream(timeout);
   return true;
 }

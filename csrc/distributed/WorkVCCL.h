@@ -17,7 +17,10 @@
 //    reducer therefore raises instead of reading un-reduced gradients.
 // Errors surface on the host at wait() when the operation already failed,
 // otherwise from the gate at the stream's next synchronization
-// (torch.AcceleratorError naming the operation).
+// (torch.AcceleratorError naming the operation). A failed operation nobody
+// waited for fails the device's next synchronization (the hold stream's gate),
+// as an asynchronous CUDA error does; each failure is reported once
+// (Note [A failed collective is reported once], CollectiveOp.h).
 #pragma once
 
 #include "CollectiveOp.h"
@@ -59,9 +62,10 @@ class WorkVCCL : public Work {
 };
 
 // Enqueues on `stream` (a vnpuStream_t) a task that blocks it until `op`
-// completed or `timeout` passed (0: the op's timeout plus a margin). With
-// `raise`, the task then throws, naming the op, if it failed or timed out
-// (a sticky device error raised at the stream's next synchronization).
-void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout, bool raise);
+// completed or `timeout` passed (0: the op's timeout plus a margin). The task
+// then throws, naming the op, if it failed or timed out and no other waiter
+// reported that yet (the device's pending error, raised at its next
+// synchronization).
+void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeout);
 
 }  // namespace c10d::vnpu
