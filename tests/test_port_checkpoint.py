@@ -165,3 +165,31 @@ def test_gpu_checkpoint_loads_onto_vnpu_like_cuda(gpu_checkpoint, tmp_path):
 
     # disable(): torch's own behaviour again (the CUDA deserializer refuses).
     assert "deserialize object on a CUDA device but torch.cuda.is_available() is False" in results["after_disable"]
+
+
+OWN_CHECKPOINT_CHILD = r"""
+import json, torch
+import torch_vnpu.port.cuda  # noqa: F401  (port mode, as a CUDA script starts)
+torch.manual_seed(0)
+a = torch.randn(3, 4, device="cuda:0")
+b = torch.arange(6, device="cuda:1")
+torch.save({"a": a, "b": b}, "own.pt")  # saved in port mode: storages tagged vnpu:0 / vnpu:1
+out = {}
+for name, loc in {"0_to_1": {"cuda:0": "cuda:1"}, "1_to_cpu": {"cuda:1": "cpu"},
+                  "swap": {"cuda:0": "cuda:1", "cuda:1": "cuda:0"}, "none": None}.items():
+    s = torch.load("own.pt", map_location=loc)
+    out[name] = [str(s["a"].device), str(s["b"].device), s["a"].cpu().tolist() == a.cpu().tolist(),
+                 s["b"].cpu().tolist() == b.cpu().tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_a_checkpoint_saved_in_port_mode_follows_a_cuda_map_location_dict(tmp_path):
+    """The script saves on "cuda:i" (vnpu:i underneath) and reloads with map_location={"cuda:0": "cuda:1"}: the
+    dict applies as on CUDA (a storage from cuda:0 lands on cuda:1), not silently ignored."""
+    proc = subprocess.run([sys.executable, "-c", OWN_CHECKPOINT_CHILD], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path), env=dict(os.environ, VNPU_DEVICE_COUNT="2", PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"0_to_1": ["vnpu:1", "vnpu:1", True, True], "1_to_cpu": ["vnpu:0", "cpu", True, True],
+                   "swap": ["vnpu:1", "vnpu:0", True, True], "none": ["vnpu:0", "vnpu:1", True, True]}, got

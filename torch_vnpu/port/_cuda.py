@@ -214,6 +214,13 @@ def _deserialize_cuda(storage, location: str):
     return None
 
 
+def _vnpu_location(location) -> str | None:
+    """The vnpu location tag a port-mode save writes for a CUDA location name ("cuda:1" -> "vnpu:1")."""
+    if isinstance(location, str) and (location == "cuda" or location.startswith("cuda:")):
+        return _TARGET + location[4:]
+    return None
+
+
 def _tag_nothing(storage):
     return None
 
@@ -318,6 +325,11 @@ def enable() -> torch.device:
     def port_load(*args, map_location=None, **kwargs):
         # Storages: the registered deserializer maps any form. A device string also reaches safetensors'
         # load_file (torch.load of a .safetensors path), which would ask the real CUDA.
+        # A dict names the script's devices ("cuda:0"); a checkpoint the script saved in port mode tags its
+        # storages "vnpu:0": the same entry applies to both (the value is a "cuda" name mapped on restore).
+        if isinstance(map_location, dict):
+            map_location = {**{_vnpu_location(k): v for k, v in map_location.items() if _vnpu_location(k)},
+                            **map_location}
         return load(*args, map_location=map_location if callable(map_location) or isinstance(map_location, dict)
                     else map_device(map_location), **kwargs)
 
