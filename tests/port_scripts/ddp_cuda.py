@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import destroy_process_group, init_process_group
+from torch.distributed.distributed_c10d import is_nccl_available
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -49,7 +50,9 @@ def main(out):
         with open(out, "w") as f:
             json.dump({"losses": losses, "weight": model.module.weight.detach().cpu().tolist(),
                        "bias": model.module.bias.detach().cpu().tolist(), "device": str(model.module.weight.device),
-                       "backend": dist.get_backend(), "nccl_available": dist.is_nccl_available(),
+                       "backend": dist.get_backend(), "nccl_available": [dist.is_nccl_available(), is_nccl_available(),
+                                          dist.is_backend_available("nccl"),
+                                          dist.is_backend_available("cpu:gloo,cuda:nccl")],
                        "pair": [on_cpu.tolist(), on_gpu.tolist(), str(on_gpu.device), dist.get_backend(pair)],
                        "mesh": [mesh.device_type, on_mesh.tolist(), str(on_mesh.device)]}, f)
     destroy_process_group()

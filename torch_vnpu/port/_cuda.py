@@ -356,9 +356,17 @@ def enable() -> torch.device:
         _save(dist.Backend, "__new__", port_backend_new)
         # `backend = "nccl" if dist.is_nccl_available() else "gloo"`: the script means "the GPU's backend".
         _save(dist, "is_nccl_available", _forwarder(dist.is_nccl_available, lambda: True))
-        # init_process_group(..., device_id=torch.device(f"cuda:{local_rank}")): the eager-init idiom.
+        # ... also imported by name from distributed_c10d, whose own calls (ProcessGroupNCCL checks) stay real.
         from torch.distributed import distributed_c10d as c10d
 
+        _save(c10d, "is_nccl_available", dist.is_nccl_available)
+        # is_backend_available("nccl") / ("cpu:gloo,cuda:nccl"): the backend the script names, mapped.
+        is_backend_available = dist.is_backend_available
+        port_is_backend_available = _forwarder(is_backend_available,
+                                               lambda backend: is_backend_available(map_backend(backend)))
+        _save(dist, "is_backend_available", port_is_backend_available)
+        _save(c10d, "is_backend_available", port_is_backend_available)
+        # init_process_group(..., device_id=torch.device(f"cuda:{local_rank}")): the eager-init idiom.
         init_pg = c10d.init_process_group
 
         @functools.wraps(init_pg)
