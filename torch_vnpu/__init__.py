@@ -85,15 +85,12 @@ def _register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
     vnpu._install_at_exit()
-    from . import _cpu_policies
+    # Every change to PyTorch's own behaviour is declared in torch_vnpu/patches/registry.py.
+    from .patches import cpu_policies, cuda_unavailable, host_modes, optim_capture, profiler_export, profiler_stop
 
-    _cpu_policies.register(_BACKEND)
-    from . import _host_modes
-
-    _host_modes.install()  # global modes take effect as of the call, however far behind the streams are
-    from . import _optim_capture
-
-    _optim_capture.install(_BACKEND)  # capturing step() of a capturable=False optimizer raises, as on CUDA
+    cpu_policies.register(_BACKEND)
+    host_modes.install()  # global modes take effect as of the call, however far behind the streams are
+    optim_capture.install(_BACKEND)  # capturing step() of a capturable=False optimizer raises, as on CUDA
     from ._inductor import lazy
 
     lazy.install()  # torch.compile support, registered on first use (no Dynamo/Inductor import here)
@@ -104,15 +101,9 @@ def _register() -> None:
     from . import _multiprocessing_reductions
 
     _multiprocessing_reductions._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
-    from . import _profiler_export
-
-    _profiler_export.install()  # a failed trace export raises OSError and keeps the trace
-    from . import _profiler_stop
-
-    _profiler_stop.install()  # a device error at the profiler's stop keeps the trace
-    from . import _cuda_unavailable
-
-    _cuda_unavailable.install()  # "Torch not compiled with CUDA enabled" names port mode
+    profiler_export.install()  # a failed trace export raises OSError and keeps the trace
+    profiler_stop.install()  # a device error at the profiler's stop keeps the trace
+    cuda_unavailable.install()  # "Torch not compiled with CUDA enabled" names port mode
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)

@@ -134,7 +134,7 @@ def _open(handle: bytes, nbytes: int, device: int, slots_path: str, slot: int) -
         _release_slot(slots_path, slot)
         return storage
     storage = _C._ipc_open_storage(handle, nbytes, device, slots_path, slot)
-    shared_cache[key] = StorageWeakRef(storage)
+    shared_cache[key] = StorageWeakRef(storage)  # not a patch: torch's cache, filled as its reducers do
     return storage
 
 
@@ -162,7 +162,8 @@ def _storage_args(storage: torch.UntypedStorage) -> tuple:
     if nbytes == 0:
         return (b"", 0, storage.device.index, "", -1)
     handle = _handle(storage)
-    shared_cache[(_BACKEND, handle, nbytes)] = StorageWeakRef(storage)  # a same-process receiver gets this storage back
+    # not a patch: a same-process receiver gets this storage back (torch's cache, as its reducers fill it)
+    shared_cache[(_BACKEND, handle, nbytes)] = StorageWeakRef(storage)
     return (handle, nbytes, storage.device.index, *_sent.take(storage))
 
 
@@ -207,3 +208,6 @@ def _register() -> None:
     for cls in (torch.Tensor, torch.nn.parameter.Parameter):
         ForkingPickler.register(cls, reduce_tensor)
     ForkingPickler.register(torch.UntypedStorage, reduce_storage)
+    from .patches import record
+
+    record("multiprocessing.vnpu-tensors", "multiprocessing.reduction.ForkingPickler reducers")

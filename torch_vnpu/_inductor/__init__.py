@@ -55,6 +55,9 @@ def register_inductor() -> None:
     DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
     # AOTInductor's input device check (AOTI_RUNTIME_CHECK_INPUTS=1): c10::DeviceType::PrivateUse1.
     DEVICE_TO_INT.setdefault(_DEVICE, 20)
+    from ..patches import record
+
+    record("inductor.cpp-device-tables", "torch._inductor.codegen.cpp_utils.DEVICE_TO_ATEN/DEVICE_TO_INT['vnpu']")
     register_device_op_overrides(_DEVICE, VnpuDeviceOpOverrides())
     flex_attention.register_lowering()
     register_backend_for_device(

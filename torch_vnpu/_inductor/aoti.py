@@ -58,9 +58,11 @@ def apply() -> None:
             files = compile_fn(cls, graph, wrapper_code, kernel_code, serialized_extern_kernel_nodes,
                                device_type="cpu", **kwargs)
         finally:
-            config.aot_inductor.metadata["AOTI_DEVICE_KEY"] = _DEVICE
+            config.aot_inductor.metadata["AOTI_DEVICE_KEY"] = _DEVICE  # not a patch: the package's metadata
         _set_device_key(files)
         return files
 
     compile._vnpu_original = original  # type: ignore[attr-defined]
-    codecache.AotCodeCompiler.compile = classmethod(compile)
+    from ..patches import replace
+
+    replace(codecache.AotCodeCompiler, "compile", classmethod(compile), "inductor.aoti-package")

@@ -81,6 +81,8 @@ import sys
 import threading
 from typing import Callable
 
+from ..patches import record, replace
+
 _DEVICE = "vnpu"
 
 
@@ -102,21 +104,22 @@ def _set(local: threading.local, attr: str, value):
         setattr(local, attr, before)
 
 
-def _replace_lowering(original: Callable, replacement: Callable) -> None:
+def _replace_lowering(original: Callable, replacement: Callable, patch_id: str) -> None:
     """Points every ATen overload whose registered lowering is ``original`` at ``replacement``."""
     from torch._inductor import lowering
 
     for key, fn in list(lowering.lowerings.items()):
         if fn is original:
             lowering.lowerings[key] = replacement
+            record(patch_id, f"torch._inductor.lowering.lowerings[{key}]")
 
 
-def _rebind(name: str, original: Callable, replacement: Callable) -> None:
+def _rebind(name: str, original: Callable, replacement: Callable, patch_id: str) -> None:
     """Replaces ``torch._inductor.utils.<name>`` in every Inductor module that bound it by name."""
     _marked(replacement, original)
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("torch._inductor") and getattr(module, name, None) is original:
-            setattr(module, name, replacement)
+            replace(module, name, replacement, patch_id)
 
 
 def _fix_get_current_backend() -> None:
@@ -133,7 +136,7 @@ def _fix_get_current_backend() -> None:
             device_type = V.graph.get_current_device_or_throw().type
         return "cpp" if device_type == _DEVICE else original(device_type)
 
-    _rebind("get_current_backend", original, get_current_backend)
+    _rebind("get_current_backend", original, get_current_backend, "inductor.current-backend")
 
 
 def _fix_device_need_guard() -> None:
@@ -146,7 +149,7 @@ def _fix_device_need_guard() -> None:
     def device_need_guard(device: str) -> bool:
         return device == _DEVICE or original(device)
 
-    _rebind("device_need_guard", original, device_need_guard)
+    _rebind("device_need_guard", original, device_need_guard, "inductor.device-guard")
 
 
 def _fix_is_cpu() -> None:
@@ -161,7 +164,7 @@ def _fix_is_cpu() -> None:
         return original(self) or (device is not None and device.type == _DEVICE)
 
     _marked(is_cpu, original)
-    BaseSchedulerNode.is_cpu = is_cpu
+    replace(BaseSchedulerNode, "is_cpu", is_cpu, "inductor.is-cpu")
 
 
 _ARG_REDUCTIONS = ("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value", "argmin_with_value")
@@ -188,7 +191,7 @@ def _fix_logical_index_reductions() -> None:
         return "cpu" if result == _DEVICE and getattr(_as_cpu, "active", False) else result
 
     _marked(get_device_type, original_type)
-    ir.get_device_type = get_device_type
+    replace(ir, "get_device_type", get_device_type, "inductor.logical-index-reductions")
 
     original_inner = lowering._make_reduction_inner
 
@@ -201,7 +204,7 @@ def _fix_logical_index_reductions() -> None:
             return original_inner(x, **kwargs)
 
     _marked(_make_reduction_inner, original_inner)
-    lowering._make_reduction_inner = _make_reduction_inner
+    replace(lowering, "_make_reduction_inner", _make_reduction_inner, "inductor.logical-index-reductions")
 
 
 def _fix_cpu_heuristics() -> None:
@@ -225,7 +228,7 @@ def _fix_cpu_heuristics() -> None:
                 and sympy_product(inner["ranges"]) != 1)
 
     _marked(use_two_step_variance, original_two_step)
-    lowering.use_two_step_variance = use_two_step_variance
+    replace(lowering, "use_two_step_variance", use_two_step_variance, "inductor.cpu-heuristics")
 
     from torch._inductor import utils
 
@@ -236,7 +239,7 @@ def _fix_cpu_heuristics() -> None:
             src_device_type = "cpu"
         return original_scatter(op_overload, reduction_type, self_dtype, src_dtype, src_device_type, src_is_tensor)
 
-    _rebind("use_scatter_fallback", original_scatter, use_scatter_fallback)
+    _rebind("use_scatter_fallback", original_scatter, use_scatter_fallback, "inductor.cpu-heuristics")
 
 
 def _fix_layout_opt() -> None:
@@ -260,7 +263,7 @@ def _fix_layout_opt() -> None:
         return original(gm, is_inference=is_inference)
 
     _marked(decide_layout_opt, original)
-    GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
+    replace(GraphLowering, "decide_layout_opt", staticmethod(decide_layout_opt), "inductor.layout-opt")
 
 
 _dividing_on_vnpu = threading.local()  # set while div_prim lowers a vnpu division
@@ -278,7 +281,7 @@ def _fix_division_by_constant() -> None:
         return None if getattr(_dividing_on_vnpu, "active", False) else original_constant(x)
 
     _marked(get_constant_value, original_constant)
-    lowering.get_constant_value = get_constant_value
+    replace(lowering, "get_constant_value", get_constant_value, "inductor.division-by-constant")
 
     original_div = lowering.div_prim  # the registered lowering (aten.div's lowering calls it by name too)
 
@@ -289,8 +292,8 @@ def _fix_division_by_constant() -> None:
             return original_div(a, b)
 
     _marked(div_prim, original_div)
-    lowering.div_prim = div_prim
-    _replace_lowering(original_div, div_prim)
+    replace(lowering, "div_prim", div_prim, "inductor.division-by-constant")
+    _replace_lowering(original_div, div_prim, "inductor.division-by-constant")
 
 
 def _fix_pointwise_cat() -> None:
@@ -307,7 +310,7 @@ def _fix_pointwise_cat() -> None:
         return ir.TensorBox(ir.ConcatKernel.create(inputs, dim))
 
     _marked(pointwise_cat, original)
-    lowering.pointwise_cat = pointwise_cat
+    replace(lowering, "pointwise_cat", pointwise_cat, "inductor.pointwise-cat")
 
 
 def _fix_pointwise_device() -> None:
@@ -321,7 +324,7 @@ def _fix_pointwise_device() -> None:
         return device == _DEVICE or original(device)
 
     _marked(is_gpu, original)
-    lowering.is_gpu = is_gpu
+    replace(lowering, "is_gpu", is_gpu, "inductor.pointwise-device")
 
     from torch._inductor import ir
 
@@ -333,7 +336,7 @@ def _fix_pointwise_device() -> None:
             kwargs["device"] = device
         return create(cls, *args, **kwargs)
 
-    ir.Pointwise.create = classmethod(pointwise_create)
+    replace(ir.Pointwise, "create", classmethod(pointwise_create), "inductor.pointwise-device")
     import torch
 
     for op in (torch.ops.aten.addcmul, torch.ops.aten.addcdiv):
@@ -341,6 +344,7 @@ def _fix_pointwise_device() -> None:
             key = getattr(op, overload)
             if key in lowering.lowerings:
                 lowering.lowerings[key] = _on_the_tensors_device(lowering.lowerings[key])
+                record("inductor.pointwise-device", f"torch._inductor.lowering.lowerings[{key}]")
 
 
 _pointwise_device = threading.local()  # set while a lowering with a CPU first operand lowers onto vnpu
@@ -373,8 +377,8 @@ def _fix_convolution_bias() -> None:
             return original(x, weight, bias, *args, **kwargs)
 
     _marked(convolution, original)
-    conv.convolution = convolution
-    _replace_lowering(original, convolution)
+    replace(conv, "convolution", convolution, "inductor.convolution-bias")
+    _replace_lowering(original, convolution, "inductor.convolution-bias")
 
 
 def _eager_norm_stats_dtype(input, *params):
@@ -403,11 +407,13 @@ def _fix_norm_statistics() -> None:
         return out, mean, rstd
 
     _marked(native_layer_norm, original_ln)
-    refs.native_layer_norm = native_layer_norm  # the fake impl calls it by this name
-    inductor_decomposition.decomp_native_layer_norm = native_layer_norm
+    # the fake impl calls it by this name
+    replace(refs, "native_layer_norm", native_layer_norm, "inductor.norm-statistics")
+    replace(inductor_decomposition, "decomp_native_layer_norm", native_layer_norm, "inductor.norm-statistics")
     op = torch.ops.aten.native_layer_norm.default
     if decomp.decomposition_table.get(op) is original_ln:
         decomp.decomposition_table[op] = native_layer_norm
+        record("inductor.norm-statistics", "torch._decomp.decomposition_table[aten.native_layer_norm.default]")
 
     original_bn = decompositions.native_batch_norm_helper  # every batch norm decomposition calls it by name
 
@@ -423,7 +429,7 @@ def _fix_norm_statistics() -> None:
         return output, save_mean.to(dtype), save_rstd.to(dtype), new_mean, new_var
 
     _marked(native_batch_norm_helper, original_bn)
-    decompositions.native_batch_norm_helper = native_batch_norm_helper
+    replace(decompositions, "native_batch_norm_helper", native_batch_norm_helper, "inductor.norm-statistics")
 
 
 def _fix_combo_kernels() -> None:
@@ -437,7 +443,8 @@ def _fix_combo_kernels() -> None:
         return [g for g in original(scheduler) if not any(_is_vnpu_node(n) for n in g)]
 
     _marked(group_nodes_for_combo_kernels, original)
-    ForeachKernelSchedulerNode.group_nodes_for_combo_kernels = staticmethod(group_nodes_for_combo_kernels)
+    replace(ForeachKernelSchedulerNode, "group_nodes_for_combo_kernels", staticmethod(group_nodes_for_combo_kernels),
+            "inductor.combo-kernels")
 
 
 def apply() -> None:

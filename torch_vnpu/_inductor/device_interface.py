@@ -25,7 +25,7 @@ class VnpuInterface(DeviceInterface):
     class Worker:
         @staticmethod
         def set_device(device: int) -> None:
-            caching_worker_current_devices["vnpu"] = device
+            caching_worker_current_devices["vnpu"] = device  # not a patch: the interface's own cache, as CUDA's
 
         @staticmethod
         def current_device() -> int:
@@ -45,7 +45,7 @@ class VnpuInterface(DeviceInterface):
             if device is None:
                 device = VnpuInterface.Worker.current_device()
             if "vnpu" not in caching_worker_device_properties:
-                caching_worker_device_properties["vnpu"] = [
+                caching_worker_device_properties["vnpu"] = [  # not a patch: as CUDA's interface fills it
                     vnpu.get_device_properties(i) for i in range(vnpu.device_count())
                 ]
             return caching_worker_device_properties["vnpu"][device]

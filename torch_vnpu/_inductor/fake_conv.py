@@ -38,6 +38,8 @@ def patch(fake_impls: ModuleType) -> None:
     """Wraps the fake rule of aten.convolution / _convolution / convolution_backward (idempotent)."""
     import torch
 
+    from ..patches import record
+
     aten = torch.ops.aten
     table = fake_impls.op_implementations_dict
     cpu = torch.device("cpu")
@@ -67,3 +69,4 @@ def patch(fake_impls: ModuleType) -> None:
         conv._vnpu_original = original  # type: ignore[attr-defined]
         conv.__doc__ = original.__doc__
         table[op] = conv
+        record("fake-conv.memory-format", f"torch._subclasses.fake_impls.op_implementations_dict[{op}]")

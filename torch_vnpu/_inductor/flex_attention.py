@@ -41,7 +41,9 @@ def patch_validate_device(module: ModuleType) -> None:
 
     _validate_device._vnpu_original = original  # type: ignore[attr-defined]
     _validate_device.__doc__ = original.__doc__
-    module._validate_device = _validate_device
+    from ..patches import replace
+
+    replace(module, "_validate_device", _validate_device, "flex-attention.device")
 
 
 def register_lowering() -> None:
@@ -62,6 +64,9 @@ def register_lowering() -> None:
 
     flex_attention._vnpu_original = original  # type: ignore[attr-defined]
     lowering.lowerings[op] = flex_attention
+    from ..patches import record
+
+    record("inductor.flex-attention-lowering", "torch._inductor.lowering.lowerings[higher_order.flex_attention]")
 
 
 def _is_vnpu(node) -> bool:

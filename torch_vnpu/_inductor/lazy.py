@@ -130,7 +130,9 @@ def _hook_inductor(common: ModuleType) -> None:
     init_backend_registration._vnpu_original = original  # type: ignore[attr-defined]
     init_backend_registration.__doc__ = original.__doc__
     # graph.py, compile_fx.py and codecache.py bind the name when they are imported, i.e. after this.
-    common.init_backend_registration = init_backend_registration
+    from ..patches import replace
+
+    replace(common, "init_backend_registration", init_backend_registration, "inductor.lazy-registration")
 
 
 def install() -> None:

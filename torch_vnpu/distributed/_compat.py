@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from ..patches import replace
+
 _installed = False
 
 
@@ -46,7 +48,7 @@ def _patch_backend_config() -> None:
         ):
             self.device_backend_map = {"cpu": c10d.Backend("gloo"), "vnpu": mapping["vnpu"]}
 
-    c10d.BackendConfig.__init__ = __init__
+    replace(c10d.BackendConfig, "__init__", __init__, "distributed.default-backend-config")
 
 
 def _registered_types(pg) -> dict:
@@ -78,7 +80,7 @@ def _patch_default_backend() -> None:
                 pg._set_default_backend(types.get("gloo", types["custom"]))
         return pg, store
 
-    c10d._new_process_group_helper = _new_process_group_helper
+    replace(c10d, "_new_process_group_helper", _new_process_group_helper, "distributed.group-default-backend")
 
 
 def _patch_monitored_barrier() -> None:
@@ -101,8 +103,8 @@ def _patch_monitored_barrier() -> None:
         c10d._check_valid_timeout(timeout)
         return target.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
-    c10d.monitored_barrier = monitored_barrier
-    dist.monitored_barrier = monitored_barrier
+    replace(c10d, "monitored_barrier", monitored_barrier, "distributed.monitored-barrier")
+    replace(dist, "monitored_barrier", monitored_barrier, "distributed.monitored-barrier")
 
 
 _NO_BACKEND = "No backend type associated with device type "
@@ -139,7 +141,7 @@ def _patch_no_backend_message() -> None:
                 error.add_note(hint)
         return original(*args, **kwargs)
 
-    c10d_logger._get_msg_dict = _get_msg_dict
+    replace(c10d_logger, "_get_msg_dict", _get_msg_dict, "distributed.no-backend-hint")
 
 
 def install() -> None:

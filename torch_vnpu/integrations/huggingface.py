@@ -55,9 +55,22 @@ def _accelerator() -> torch.device | None:
     return None if acc is None else torch.device(acc.type)
 
 
+# The registered patch (torch_vnpu.patches.registry) each _patch_* function applies.
+_PATCH_IDS = {
+    "_patch_accelerate": "huggingface.accelerate",
+    "_patch_accelerate_multiprocess": "huggingface.accelerate",
+    "_patch_transformers": "huggingface.transformers",
+    "_patch_transformers_generation": "huggingface.transformers",
+    "_patch_peft": "huggingface.peft",
+    "_patch_safetensors": "huggingface.safetensors",
+}
+
+
 def _set(owner: object, name: str, value: object, why: str = "") -> None:
+    from .. import patches
+
     _patches.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
-    setattr(owner, name, value)
+    patches.replace(owner, name, value, _PATCH_IDS[sys._getframe(1).f_code.co_name])
     logger.debug("huggingface adapter: patched %s%s", _qualname(owner, name), f": {why}" if why else "")
 
 

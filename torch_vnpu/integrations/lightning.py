@@ -42,6 +42,8 @@ import warnings
 
 import torch
 
+from .. import patches
+
 __all__ = ["enable", "disable", "is_enabled", "patched_names", "TESTED_VERSION"]
 
 logger = logging.getLogger("torch_vnpu.integrations")
@@ -68,7 +70,7 @@ _warned = False
 def _set(owner: object, name: str, value: object, why: str) -> None:
     had = name in vars(owner)
     _patches.append((owner, name, vars(owner)[name] if had else getattr(owner, name, None), had))
-    setattr(owner, name, value)
+    patches.replace(owner, name, value, "lightning.accelerator")
     logger.debug("lightning adapter: patched %s.%s: %s", _owner_name(owner), name, why)
 
 
@@ -145,6 +147,7 @@ def _make_accelerator(base: type, error: type[Exception], trainer: bool) -> type
         @classmethod
         def register_accelerators(cls, accelerator_registry) -> None:
             accelerator_registry.register(cls.name(), cls, description=cls.__name__)
+            patches.record("lightning.accelerator", "lightning accelerator registry['vnpu']")
 
         if trainer:
 

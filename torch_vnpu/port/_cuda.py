@@ -173,8 +173,10 @@ class _CudaToVnpu(TorchFunctionMode):
 
 
 def _save(owner: object, name: str, value: object) -> None:
+    from ..patches import replace
+
     _saved.append((owner, name, getattr(owner, name)))
-    setattr(owner, name, value)
+    replace(owner, name, value, "port-mode")
 
 
 def _forwarder(real, fake):
@@ -231,6 +233,9 @@ def _register_cuda_deserializer() -> None:
     entry = (_DESERIALIZER_PRIORITY, _tag_nothing, _deserialize_cuda)
     if entry not in serialization._package_registry:
         serialization.register_package(*entry)
+        from ..patches import record
+
+        record("port-mode", "torch.serialization._package_registry (cuda -> vnpu deserializer)")
 
 
 def _unregister_cuda_deserializer() -> None:

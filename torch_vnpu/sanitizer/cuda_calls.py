@@ -29,6 +29,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ..patches import replace
+
 __all__ = ["CudaCallWarning", "Report", "install", "installed", "uninstall", "reports"]
 
 
@@ -198,7 +200,7 @@ def _wrap(owner: object, name: str, code: str | Callable[..., str], replacement:
         return _attributing_warnings(sys._getframe(1), original, args, kwargs)
 
     _originals.append((owner, name, original))
-    setattr(owner, name, wrapper)
+    replace(owner, name, wrapper, "sanitizer.cuda-calls")
 
 
 def _class_call(obj, name: str, module: str) -> str:
@@ -228,7 +230,7 @@ def _wrap_is_cuda() -> None:
         return result
 
     _originals.append((torch.Tensor, "is_cuda", None))
-    torch.Tensor.is_cuda = property(is_cuda, doc=original.__doc__)
+    replace(torch.Tensor, "is_cuda", property(is_cuda, doc=original.__doc__), "sanitizer.cuda-calls")
 
 
 def install() -> None:

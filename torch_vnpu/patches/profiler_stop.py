@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from . import replace
+
 
 def install() -> None:
     import torch
@@ -39,4 +41,4 @@ def install() -> None:
         return exit_(self, exc_type, exc_val, exc_tb)  # its own synchronize returns at once
 
     __exit__._vnpu_keeps_trace = True
-    owner.__exit__ = __exit__
+    replace(owner, "__exit__", __exit__, "profiler.stop-keeps-trace")

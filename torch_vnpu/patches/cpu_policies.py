@@ -18,6 +18,10 @@ import functools
 
 import torch
 
+from . import record, replace
+
+_ID = "cpu-policies.linear-cross-entropy"
+
 
 def _linear_cross_entropy(device_type: str) -> None:
     try:
@@ -27,6 +31,7 @@ def _linear_cross_entropy(device_type: str) -> None:
     for dtype in (torch.float16, torch.bfloat16):
         if ("cpu", dtype) in lce._AUTO_DEFAULTS:
             lce._AUTO_DEFAULTS.setdefault((device_type, dtype), lce._AUTO_DEFAULTS[("cpu", dtype)])
+            record(_ID, f"torch.nn.modules.linear_cross_entropy_options._AUTO_DEFAULTS[{device_type!r}, {dtype}]")
     cls = lce.LinearCrossEntropyOptions
     original = cls.__dict__["_resolve_auto_acc_dtype"].__func__
     if getattr(original, "_vnpu_wrapped", False):
@@ -39,7 +44,7 @@ def _linear_cross_entropy(device_type: str) -> None:
         return original(dtype, device)
 
     _resolve_auto_acc_dtype._vnpu_wrapped = True
-    cls._resolve_auto_acc_dtype = staticmethod(_resolve_auto_acc_dtype)
+    replace(cls, "_resolve_auto_acc_dtype", staticmethod(_resolve_auto_acc_dtype), _ID)
 
 
 def register(device_type: str) -> None:

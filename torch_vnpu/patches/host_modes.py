@@ -15,6 +15,10 @@ import sys
 
 import torch
 
+from . import record, replace
+
+_ID = "host-modes.setters-wait"
+
 # torch._C setters of state that CPU kernels (or the kernels they dispatch to) read while running.
 _C_SETTERS = (
     "_set_deterministic_algorithms",
@@ -36,7 +40,7 @@ _C_SETTERS = (
 
 
 def _wait_queued_work() -> None:
-    from . import _C
+    from .. import _C
 
     if _C._is_initialized():
         _C._wait_all_devices_idle()
@@ -58,7 +62,7 @@ def _draining(setter):
 def _flush_denormal(setter):
     @functools.wraps(setter)
     def set_flush_denormal(mode):
-        from . import _C
+        from .. import _C
 
         _wait_queued_work()
         supported = setter(mode)
@@ -89,7 +93,7 @@ def _wrap(name):
         wrapped = _precision_setter_factory(original)
     else:
         wrapped = _draining(original)
-    setattr(torch._C, name, wrapped)
+    replace(torch._C, name, wrapped, _ID)
     return original, wrapped
 
 
@@ -102,7 +106,7 @@ def install() -> None:
         if original is not None and original is not wrapped:
             replaced[id(original)] = wrapped
     if getattr(torch.set_flush_denormal, "_vnpu_drains", False) is False:
-        torch.set_flush_denormal = torch._C.set_flush_denormal
+        replace(torch, "set_flush_denormal", torch._C.set_flush_denormal, _ID)
     # torch.backends.* flags are ContextProp descriptors holding the setter they were built with (a torch._C
     # function, or a closure from _set_fp32_precision_setter): wrap every one of them.
     from torch.backends import ContextProp
@@ -113,3 +117,4 @@ def install() -> None:
         for attr in list(vars(type(mod)).values()):
             if isinstance(attr, ContextProp) and not getattr(attr.setter, "_vnpu_drains", False):
                 attr.setter = replaced.get(id(attr.setter)) or _draining(attr.setter)
+                record(_ID, f"{mod_name}.ContextProp setter")

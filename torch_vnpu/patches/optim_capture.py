@@ -12,6 +12,8 @@ import functools
 import torch
 from torch.optim.optimizer import Optimizer
 
+from . import replace
+
 
 def install(device_type: str) -> None:
     """Wraps ``Optimizer._accelerator_graph_capture_health_check`` for ``device_type``. Idempotent."""
@@ -35,4 +37,5 @@ def install(device_type: str) -> None:
             )
 
     _accelerator_graph_capture_health_check._vnpu_wrapped = True
-    Optimizer._accelerator_graph_capture_health_check = _accelerator_graph_capture_health_check
+    replace(Optimizer, "_accelerator_graph_capture_health_check", _accelerator_graph_capture_health_check,
+            "optim.graph-capture-health-check")

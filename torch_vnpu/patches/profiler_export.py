@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 
+from . import replace
+
 
 def _check_writable(path) -> None:
     """Raise the OSError that writing ``path`` would raise (creates it empty if missing; the export fills it)."""
@@ -34,4 +36,4 @@ def install() -> None:
             return _export(self, path, *args, **kwargs)
 
         export_chrome_trace._vnpu_checks_path = True
-        owner.export_chrome_trace = export_chrome_trace
+        replace(owner, "export_chrome_trace", export_chrome_trace, "profiler.export-checks-path")

@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from . import replace
+
 _HINT = ("; torch_vnpu is loaded: run this CUDA script on vnpu unedited with `python -m torch_vnpu.port.run "
          "script.py` (or `import torch_vnpu.port.cuda` at its top), or use torch.accelerator / device='vnpu' "
          "(`python -m torch_vnpu.port.check script.py` lists the CUDA calls)")
@@ -31,4 +33,4 @@ def install() -> None:
             raise
 
     _lazy_init._vnpu_hint = True
-    torch.cuda._lazy_init = _lazy_init
+    replace(torch.cuda, "_lazy_init", _lazy_init, "cuda-unavailable.hint")
