@@ -10,7 +10,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist opinfo opinfo-slice hf-coverage check-wheel docs clean
+.PHONY: demo test test-slow test-runtime test-python install deps system-deps bench bench-dist bench-page opinfo opinfo-slice hf-coverage check-wheel docs patches-page clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,18 +55,29 @@ docs: install
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs $(OUT)/docs
 	@echo "docs: $(OUT)/docs/index.html"
 
+# docs/device_neutrality.md from the patch registry (torch_vnpu/patches/registry.py); tests/test_patches.py checks it.
+patches-page: install
+	$(PY) -m torch_vnpu.patches --markdown > docs/device_neutrality.md
+
 bench: install
 	$(PY) benchmarks/eager_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/train_step.py --out $(OUT)/bench
 	$(PY) benchmarks/compile.py --out $(OUT)/bench
 	$(PY) benchmarks/hf_step.py --out $(OUT)/bench
 	$(PY) benchmarks/graph_replay.py --out $(OUT)/bench
+	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
 
 # Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the
 # DDP/FSDP step time of examples/train_gpt_dist.py (vnpu+vccl vs cpu+gloo, ~5 min).
 bench-dist: install
 	$(PY) benchmarks/collectives.py --out $(OUT)/bench
 	$(PY) benchmarks/dist_train_step.py --out $(OUT)/bench
+	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
+
+# docs/benchmarks.md again from the JSON already in $(OUT)/bench (e.g. after running one benchmark by hand);
+# standard library only, so no install.
+bench-page: | $(PY)
+	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
 
 # Operator coverage (issue #3): the CI slice alone (also part of `make test`), and the full OpInfo sweep
 # (every sample and reference input as given, and the first 3 of each in the 5 layout variants; ~2 h on

@@ -30,6 +30,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import _meta
+
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 DEFAULT_SIZES = ["4K", "64K", "1M", "16M", "64M", "256M"]
 
@@ -132,6 +134,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--budget", type=float, default=1.5, help="target seconds per measured point")
     p.add_argument("--out", default="out/bench")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     from torch_vnpu.testing.distributed import ProcessWorld
@@ -150,7 +153,7 @@ def main(argv=None):
             row["busbw_GBps"] = algbw * bus_factor(row["op"], ws) / 1e9
             results.append(row)
     env["load_average_end"] = os.getloadavg()
-    report = {"env": env, "memcpy_GBps_single_thread": memcpy / 1e9, "results": results}
+    report = {"run": _meta.end(run_meta), "env": env, "memcpy_GBps_single_thread": memcpy / 1e9, "results": results}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "collectives.json")
     with open(path, "w") as f:

@@ -6,7 +6,7 @@ zero_grad(set_to_none=True). "compiled" = torch.compile(model) (forward and back
 and torch.compile(opt.step), as `train_gpt.py --compile` does. AdamW runs with foreach=True on both devices
 (vnpu's default; CPU defaults to the per-parameter loop), so compiled cpu and compiled vnpu run the same
 graphs and kernels. Their losses are not bitwise equal over many steps: the compiled embedding backward adds with
-atomic adds across threads, so compiled CPU also differs from itself run to run (docs/STATUS.md).
+atomic adds across threads, so compiled CPU also differs from itself run to run.
 
 Configurations, each in a process of its own (as a user's job; see benchmarks/train_step.py for why):
   eager cpu, compiled cpu (Inductor on CPU tensors), eager vnpu, compiled vnpu.
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+import _meta
 from _procs import receive
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,6 +169,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     import torch
@@ -235,7 +237,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "compile.json")
     with open(path, "w") as f:
-        json.dump({"meta": meta, "summary": summary, "results": results}, f, indent=2)
+        json.dump({"run": _meta.end(run_meta), "meta": meta, "summary": summary, "results": results}, f, indent=2)
 
     print(f"\nGPT train step (batch {args.batch_size} x 128, AdamW), {args.rounds} rounds x {args.steps} timed steps "
           f"per configuration after {args.warmup} warm-up; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}")

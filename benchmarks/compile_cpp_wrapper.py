@@ -25,6 +25,8 @@ import statistics
 import tempfile
 import time
 
+import _meta
+
 CONFIGS = [("cpu", False), ("cpu", True), ("vnpu", False), ("vnpu", True)]
 
 
@@ -84,6 +86,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--out", default="out/bench", help="output directory (default: out/bench)")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     ctx = multiprocessing.get_context("spawn")
@@ -105,7 +108,8 @@ def main(argv=None):
             shutil.rmtree(cache_dir, ignore_errors=True)
     load_after = os.getloadavg()
 
-    report = {"configs": results, "load_average_before": load_before, "load_average_after": load_after,
+    report = {"run": _meta.end(run_meta),
+              "configs": results, "load_average_before": load_before, "load_average_after": load_after,
               "args": vars(args), "machine": platform.platform(), "cpus": os.cpu_count(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.makedirs(args.out, exist_ok=True)

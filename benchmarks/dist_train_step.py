@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+import _meta
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "examples", "train_gpt_dist.py")
 
@@ -44,6 +46,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="out/bench")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
     from torch_vnpu.testing.distributed import free_port
 
@@ -64,7 +67,8 @@ def main(argv=None):
         rows.append({"mode": mode, "nproc": args.nproc, "cpu_ms": cpu * 1e3, "vnpu_ms": vnpu * 1e3,
                      "ratio": vnpu / cpu, "round_ratio_median": statistics.median(round_ratios),
                      "round_ratios": round_ratios, "cpu_steps_s": per["cpu"], "vnpu_steps_s": per["vnpu"]})
-    report = {"load_average_start": load_start, "load_average_end": os.getloadavg(), "cpus": os.cpu_count(),
+    report = {"run": _meta.end(run_meta), "load_average_start": load_start,
+              "load_average_end": os.getloadavg(), "cpus": os.cpu_count(),
               "args": vars(args), "results": rows}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "dist_train_step.json")

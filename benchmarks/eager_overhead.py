@@ -32,6 +32,8 @@ import time
 
 import torch
 
+import _meta
+
 
 def make_ops(device):
     """name -> (description, zero-arg callable issuing one call on `device`)."""
@@ -105,13 +107,14 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--modes", default=None,
                    help=f"comma-separated instrumentation modes to compare, of {','.join(MODES)} (default: off)")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
     modes = args.modes.split(",") if args.modes else ["off"]
     for m in modes:
         if m not in MODES:
             p.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
     if args.modes:
-        return main_modes(args, modes)
+        return main_modes(args, modes, run_meta)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -146,7 +149,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "eager_overhead.json")
     with open(path, "w") as f:
-        json.dump({"meta": meta, "summary": rows, "raw": results}, f, indent=2)
+        json.dump({"run": _meta.end(run_meta), "meta": meta, "summary": rows, "raw": results}, f, indent=2)
 
     hdr = f"{'op':<18}{'cpu µs':>10}{'vnpu host µs':>14}{'vnpu e2e µs':>13}{'host ratio':>12}{'e2e ratio':>11}"
     print(f"eager overhead per call (median of {args.repeats} x {args.iters} calls; ratio = vnpu / cpu)")
@@ -159,7 +162,7 @@ def main(argv=None):
     return rows
 
 
-def main_modes(args, modes):
+def main_modes(args, modes, run_meta):
     """--modes: per op, each mode in turn on cpu then vnpu (interleaved, so load changes hit all modes)."""
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,7 +198,7 @@ def main_modes(args, modes):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "eager_overhead_modes.json")
     with open(path, "w") as f:
-        json.dump({"meta": meta, "summary": rows, "raw": results}, f, indent=2)
+        json.dump({"run": _meta.end(run_meta), "meta": meta, "summary": rows, "raw": results}, f, indent=2)
     hdr = (f"{'op':<18}{'mode':<16}{'cpu µs':>10}{'vnpu host µs':>14}{'vnpu e2e µs':>13}{'host/cpu':>10}"
            f"{'host/' + modes[0]:>14}")
     print(f"host cost per call with instrumentation (median of {args.repeats} x {args.iters} calls; "

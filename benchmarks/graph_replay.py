@@ -25,6 +25,7 @@ import platform
 import statistics
 import time
 
+import _meta
 from _procs import receive
 
 VARIANTS = {"cpu": ("eager",), "vnpu": ("eager", "graph")}
@@ -131,6 +132,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", default="out/bench")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     load_start = os.getloadavg()
@@ -173,7 +175,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "graph_replay.json")
     with open(path, "w") as f:
-        json.dump({"summary": summary, "raw": results}, f, indent=1)
+        json.dump({"run": _meta.end(run_meta), "summary": summary, "raw": results}, f, indent=1)
 
     print(f"\nload average {load_start[0]:.2f} -> {load_end[0]:.2f}; {summary['torch_num_threads']} threads; "
           f"decode of {args.new_tokens} tokens, batch 4")

@@ -28,6 +28,7 @@ import platform
 import statistics
 import time
 
+import _meta
 from _procs import receive
 
 MODELS = ("llama", "moe")
@@ -135,6 +136,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", default="out/bench")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     load_start = os.getloadavg()
@@ -179,7 +181,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "hf_step.json")
     with open(path, "w") as f:
-        json.dump({"summary": summary, "raw": results}, f, indent=1)
+        json.dump({"run": _meta.end(run_meta), "summary": summary, "raw": results}, f, indent=1)
 
     print(f"\nload average {load_start[0]:.2f} -> {load_end[0]:.2f}; {summary['torch_num_threads']} threads")
     print(f"{'model':6s} {'work':18s} {'cpu ms':>9s} {'vnpu ms':>9s} {'vnpu/cpu':>9s} {'per round':>9s}")

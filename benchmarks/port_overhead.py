@@ -23,6 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+import _meta
+
 
 def cases(device: str):
     a, b = torch.randn(2, 2, device=device), torch.randn(2, 2, device=device)
@@ -60,12 +62,13 @@ def measure(fn, iters: int, repeats: int, scale: float) -> float:
     return statistics.median(times)
 
 
-def main():
-    p = argparse.ArgumentParser()
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="out/bench")
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args()
+    run_meta = _meta.begin(__file__, argv)
+    args = p.parse_args(argv)
     iters = {"add_2x2": args.iters, "factory": args.iters, "gpt_step": max(3, args.iters // 200)}
     results = {}
     plain = cases("vnpu")
@@ -80,7 +83,8 @@ def main():
     load = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "port_overhead.json"), "w") as f:
-        json.dump({"results": results, "loadavg": load, "iters": iters, "repeats": args.repeats}, f, indent=1)
+        json.dump({"run": _meta.end(run_meta), "results": results, "loadavg": load, "iters": iters,
+                   "repeats": args.repeats}, f, indent=1)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'case':10} {'unit':8} {'vnpu':>10} {'port mode':>10} {'ratio':>7}")
     for name, r in results.items():

@@ -51,6 +51,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import train_gpt  # noqa: E402  (examples/train_gpt.py)
 
+import _meta  # noqa: E402
+
 
 def sync(device):
     if device.type == "vnpu":
@@ -186,6 +188,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--sanitize", action="store_true", help="vnpu under VNPU_SANITIZE (docs/sanitizer.md)")
+    run_meta = _meta.begin(__file__, argv)
     args = p.parse_args(argv)
 
     ctx = multiprocessing.get_context("spawn")
@@ -244,7 +247,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "train_step_sanitize.json" if args.sanitize else "train_step.json")
     with open(path, "w") as f:
-        json.dump({"meta": meta, "summary": summary, "cpu": cpu, "vnpu": vn}, f, indent=2)
+        json.dump({"run": _meta.end(run_meta), "meta": meta, "summary": summary, "cpu": cpu, "vnpu": vn}, f, indent=2)
 
     print(f"\nGPT train step ({meta['parameters']:,} params, batch {args.batch_size} x 128, AdamW); "
           f"{args.rounds} rounds x {args.steps} timed steps per device after {args.warmup} warm-up")

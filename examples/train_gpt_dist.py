@@ -3,7 +3,7 @@
 One process per device, started by torchrun; collectives go through vccl (init_process_group() with no
 backend). Model, data, seed, optimizer (AdamW) and global batch are those of train_gpt.py, so the loss
 curve matches the single-process run of train_gpt.py up to float32 reduction order (measured numbers and
-tolerance: docs/STATUS.md, "Distributed").
+tolerance: tests/test_train_gpt_dist.py and docs/benchmarks.md).
 
     torchrun --nproc-per-node 2 examples/train_gpt_dist.py --parallel ddp --steps 100 --out out/dist-ddp
     torchrun --nproc-per-node 2 examples/train_gpt_dist.py --parallel fsdp --steps 100 --out out/dist-fsdp

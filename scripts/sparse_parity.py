@@ -70,7 +70,7 @@ def run_case(op, sample):
             continue
         if g.device.type != want_device or g.layout != e.layout or g.dtype != e.dtype or g.shape != e.shape:
             return "fail", f"result {g.device}/{g.layout}/{g.dtype}/{tuple(g.shape)} vs cpu {e.layout}/{e.dtype}/{tuple(e.shape)}"
-        if "rand" in op.name:  # random draws differ from CPU's by design (docs/STATUS.md): metadata only
+        if "rand" in op.name:  # random draws differ from CPU's by design (docs/limitations.md): metadata only
             continue
         try:
             for gp, ep in zip(_parts(g.cpu()), _parts(e), strict=True):

@@ -113,7 +113,7 @@ struct Block {
 // request fits whenever enough memory is free in total (a classic segment needs one
 // contiguous hole, vnpuMalloc), and freed pages in the middle of a segment go
 // back to the device (a split classic segment keeps all its memory until every
-// block in it is free). Off by default, as on CUDA: see docs/STATUS.md.
+// block in it is free). Off by default, as on CUDA (docs/environment.md).
 struct ExpandableSegment {
   vnpuStream_t stream;
   bool small;

@@ -882,13 +882,11 @@ def _compile_section(res, command=None):
          "transformers' auto-compilation (enabled for all devices by the compile config), tokens vs eager CPU; "
          "`unsupported` where the architecture cannot compile with a static cache (`_can_compile_fullgraph`); "
          "its result is part of the status.\n",
-         f"- torch {m['torch']}, transformers {m['transformers']}, run {m['started']}, "
-         f"{m['duration_s'] / 60:.1f} min with {m['jobs']} job(s), timeout {m['timeout']} s per architecture"]
+         f"- torch {m['torch']}, transformers {m['transformers']}, {m['jobs']} job(s), timeout {m['timeout']} s "
+         "per architecture"]
     command = m.get("command") or command
     if command:
         L.append(f"- command: `{command}`")
-    if m.get("history"):
-        L.append(f"- merged runs (`--update`): {len(m['history'])}, the last {m['history'][-1]}")
     L.append("- " + ", ".join(f"{s}: {counts[s]}" for s in STATUSES))
     L.append("")
     L.append("| architecture | status (compiled) | Dynamo graphs | static-cache generate (graphs) | cause / notes | s |")
@@ -941,16 +939,14 @@ def _write_eager_markdown(res, path, command=None):
          f"{NEW_TOKENS} new tokens with the KV cache (exact token match; a differing token counts as a tie, not a "
          f"failure, if CPU's logits of the two tokens differ by ≤ {TIE_TOL:g}). Input: batch {BATCH}, {SEQ} random "
          "non-special tokens. Each architecture runs in its own process with a timeout.\n",
-         f"- torch {m['torch']}, transformers {m['transformers']}, run {m['started']}, "
-         f"{m['duration_s'] / 60:.1f} min with {m['jobs']} job(s), timeout {m['timeout']} s per architecture",
+         f"- torch {m['torch']}, transformers {m['transformers']}, {m['jobs']} job(s), timeout {m['timeout']} s "
+         "per architecture",
          ]
     command = m.get("command") or command
     if command:
         L.append(f"- command: `{command}`")
     if m.get("updated"):
-        L.append(f"- architectures rerun and merged (`--update`) {m['updated']}")
-    for h in m.get("history") or []:
-        L.append(f"- {h}")
+        L.append("- some architectures rerun and merged (`--update`)")
     L.append("")
     L.append(f"## Headline: **{counts['pass']} / {runnable}** architectures that run on CPU pass on vnpu "
              f"({len(archs)} in the mapping)\n")

@@ -1581,7 +1581,7 @@ def write_markdown(res, path, command=None):
              "differs from its result for contiguous copies of the same inputs is `cpu_failed` (a CPU kernel bug).\n")
     fl = m.get("flags", {})
     L.append(f"- torch {m.get('torch')}, {m.get('ops_completed')}/{m.get('ops_selected')} OpInfos completed, "
-             f"run {m.get('started')}, {m.get('duration_s', 0) / 60:.1f} min with {fl.get('jobs')} worker(s)"
+             f"{fl.get('jobs')} worker(s)"
              + (f", at most {fl.get('limit_samples')} sample + {fl.get('limit_samples')} reference inputs per op and dtype"
                 if fl.get("limit_samples") else ", all sample and reference inputs")
              + (f"; layout variants {', '.join(fl['layouts'])}" if fl.get("layouts") else "; no layout variants")

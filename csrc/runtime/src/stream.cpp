@@ -33,7 +33,7 @@ BlockingWaitHooks g_blocking_hooks;
 // machine with as many cores as busy threads (the Python thread, this worker,
 // its OpenMP helpers), a host thread that has work gets the core back at once,
 // and the worker still sees the next task without a wake-up. Measured on the
-// decode loop of benchmarks/hf_step.py (docs/STATUS.md, Host overhead).
+// decode loop of benchmarks/hf_step.py (docs/benchmarks.md).
 std::chrono::microseconds worker_spin() {
   static const std::chrono::microseconds us = [] {
     const char* v = std::getenv("VNPU_WORKER_SPIN_US");
