@@ -55,7 +55,7 @@ docs: install
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs $(OUT)/docs
 	@echo "docs: $(OUT)/docs/index.html"
 
-# docs/device_neutrality.md from the patch registry (torch_vnpu/patches/registry.py); tests/test_patches.py checks it.
+# docs/device_neutrality.md from the patch registry (src/torch_vnpu/patches/registry.py); tests/test_patches.py checks it.
 patches-page: install
 	$(PY) -m torch_vnpu.patches --markdown > docs/device_neutrality.md
 
@@ -65,6 +65,7 @@ bench: install
 	$(PY) benchmarks/compile.py --out $(OUT)/bench
 	$(PY) benchmarks/hf_step.py --out $(OUT)/bench
 	$(PY) benchmarks/graph_replay.py --out $(OUT)/bench
+	$(PY) benchmarks/port_overhead.py --out $(OUT)/bench
 	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
 
 # Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the

@@ -8,7 +8,7 @@ anywhere; a torch other than the one it was built for is refused with the versio
 2. a fresh ``python -m venv`` (nothing inherited) and ``pip install torch==2.13.0 <wheel>`` (torch from the local
    wheel directory pip is configured with);
 3. ``python -c "import torch; torch.zeros(2, device='vnpu')"`` from a temporary directory, from the repository
-   root (where the uncompiled ``torch_vnpu/`` comes first on sys.path) and from tests/: it must run and use the
+   root and from tests/: it must run and use the
    fresh environment's torch_vnpu;
 4. the wheel's metadata requires exactly ``torch==2.13.0`` (pip refuses another torch next to it);
 5. a torch_vnpu built for another torch: the fresh environment's ``_build_info.py`` is rewritten to name another

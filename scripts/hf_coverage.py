@@ -8,7 +8,7 @@ Examples (run from outside the repository root, e.g. `cd tests`, with the packag
   python ../scripts/hf_coverage.py --compile --archs "gpt2,llama" --json /tmp/hf_compile.json --markdown ../docs/hf_coverage.md
   python ../scripts/hf_coverage.py --from-json ../out/hf_coverage.json --markdown ../docs/hf_coverage.md
 
-The implementation is torch_vnpu/testing/hf_coverage.py: this checkout's copy when there is one, else the
+The implementation is src/torch_vnpu/testing/hf_coverage.py: this checkout's copy when there is one, else the
 installed package's (see _load).
 """
 import os
@@ -16,12 +16,13 @@ import sys
 
 
 def _load():
-    """This checkout's torch_vnpu/testing/hf_coverage.py (so the harness being edited is the one that runs),
+    """This checkout's src/torch_vnpu/testing/hf_coverage.py (so the harness being edited is the one that runs),
     else the installed torch_vnpu.testing.hf_coverage. The checkout's module is imported as the top-level
     module `hf_coverage`, which does not shadow the installed torch_vnpu."""
     import torch  # noqa: F401  (loads torch_vnpu through the torch.backends entry point)
 
-    src = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_vnpu", "testing"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.abspath(os.path.join(here, "..", "src", "torch_vnpu", "testing"))
     if os.path.exists(os.path.join(src, "hf_coverage.py")):
         sys.path.insert(0, src)
         import hf_coverage

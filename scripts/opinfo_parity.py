@@ -6,7 +6,7 @@ Examples (run from outside the repository root, e.g. `cd tests`, with the packag
   python ../scripts/opinfo_parity.py --jobs 2 --limit-samples 4 --json ../out/opinfo.json --markdown ../docs/ops_coverage.md
   python ../scripts/opinfo_parity.py --from-json ../out/opinfo.json --markdown ../docs/ops_coverage.md
 
-The implementation is torch_vnpu/testing/opinfo.py: this checkout's copy when there is one, else the
+The implementation is src/torch_vnpu/testing/opinfo.py: this checkout's copy when there is one, else the
 installed package's (see _load).
 """
 import os
@@ -14,13 +14,14 @@ import sys
 
 
 def _load():
-    """This checkout's torch_vnpu/testing/opinfo.py (so the harness being edited is the one that runs, even
+    """This checkout's src/torch_vnpu/testing/opinfo.py (so the harness being edited is the one that runs, even
     if the installed package is older), else the installed torch_vnpu.testing.opinfo. The checkout's module
     is imported as the top-level module `opinfo`, which does not shadow the installed torch_vnpu (whose
     compiled extension the source tree lacks)."""
     import torch  # noqa: F401  (loads torch_vnpu through the torch.backends entry point)
 
-    src = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_vnpu", "testing"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.abspath(os.path.join(here, "..", "src", "torch_vnpu", "testing"))
     if os.path.exists(os.path.join(src, "opinfo.py")):
         sys.path.insert(0, src)  # also seen by spawned workers (multiprocessing passes sys.path)
         import opinfo

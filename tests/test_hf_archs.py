@@ -1,6 +1,6 @@
 """A representative slice of the Hugging Face causal-LM architecture sweep (issue #4; the full sweep is
 `make hf-coverage`, report in docs/hf_coverage.md): tiny random-weight models of a dozen families, built
-with the same seed, run on CPU and on vnpu through torch_vnpu/testing/hf_coverage.py. Each must match CPU:
+with the same seed, run on CPU and on vnpu through src/torch_vnpu/testing/hf_coverage.py. Each must match CPU:
 forward logits (float32, atol=rtol=1e-4), every parameter's gradient (norm-relative), and greedy
 `generate()` of 8 new tokens with the KV cache (same tokens)."""
 import importlib.util
@@ -11,7 +11,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers")
 
-_SRC = os.path.join(os.path.dirname(__file__), "..", "torch_vnpu", "testing", "hf_coverage.py")
+_SRC = os.path.join(os.path.dirname(__file__), "..", "src", "torch_vnpu", "testing", "hf_coverage.py")
 _spec = importlib.util.spec_from_file_location("hf_coverage_under_test", _SRC)
 hf_coverage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_coverage)

@@ -12,7 +12,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers")
 
-_SRC = os.path.join(os.path.dirname(__file__), "..", "torch_vnpu", "testing", "hf_coverage.py")
+_SRC = os.path.join(os.path.dirname(__file__), "..", "src", "torch_vnpu", "testing", "hf_coverage.py")
 _spec = importlib.util.spec_from_file_location("hf_coverage_compile_under_test", _SRC)
 hf_coverage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_coverage)

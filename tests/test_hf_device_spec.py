@@ -1,4 +1,4 @@
-"""torch_vnpu/testing/hf_device_spec.py: each entry works on vnpu, and transformers/diffusers load it."""
+"""src/torch_vnpu/testing/hf_device_spec.py: each entry works on vnpu, and transformers/diffusers load it."""
 import os
 import subprocess
 import sys

@@ -1,5 +1,6 @@
-"""The installed package loads from anywhere, including the repository root (where the uncompiled source
-tree torch_vnpu/ comes first on sys.path), and refuses a torch other than the one it was built for."""
+"""The installed package loads from anywhere, including the repository root and the source tree (src layout:
+the uncompiled src/torch_vnpu/ is never on sys.path by accident), and refuses a torch other than the one it was
+built for."""
 import os
 import subprocess
 import sys
@@ -17,14 +18,14 @@ def _python(code: str, cwd: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_import_torch_from_the_repository_root():
-    assert os.path.isfile(os.path.join(ROOT, "torch_vnpu", "__init__.py"))  # the source tree is there
+    assert os.path.isfile(os.path.join(ROOT, "src", "torch_vnpu", "__init__.py"))  # the source tree is there
     proc = _python("import torch, torch_vnpu, torch_vnpu.vnpu as m\n"
                    "print(torch_vnpu.__file__, m.__file__, torch.ones(3, device='vnpu').sum().item())", ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     init, sub, total = proc.stdout.split()
     installed = os.path.dirname(torch_vnpu.__file__)
     assert os.path.dirname(init) == installed and sub.startswith(installed) and float(total) == 3.0
-    assert not init.startswith(os.path.join(ROOT, "torch_vnpu"))
+    assert not init.startswith(os.path.join(ROOT, "src"))
 
 
 def test_port_runner_from_the_repository_root(tmp_path):
@@ -74,9 +75,9 @@ def test_import_torch_with_a_build_for_another_torch_names_both_versions(tmp_pat
 
 
 def test_import_torch_inside_the_source_package():
-    # Python started in torch_vnpu/ puts that directory first on sys.path: a module there named like a standard
-    # library one (it was multiprocessing.py) would replace it for every import, torch's own included.
-    src = os.path.join(ROOT, "torch_vnpu")
+    # Python started in src/torch_vnpu/ puts that directory first on sys.path: a module there named like a
+    # standard library one (it was multiprocessing.py) would replace it for every import, torch's own included.
+    src = os.path.join(ROOT, "src", "torch_vnpu")
     names = {n[:-3] if n.endswith(".py") else n for n in os.listdir(src) if n != "__pycache__"}
     assert not names & sys.stdlib_module_names, names & sys.stdlib_module_names
     proc = _python("import torch, multiprocessing, torch_vnpu\n"

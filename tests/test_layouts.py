@@ -1,6 +1,6 @@
 """Inputs and outputs in every memory layout give CPU's values and strides (issue #13, items 14 and 15).
 
-One test per kind the layout variants of the OpInfo sweep found (torch_vnpu/testing/opinfo.py, LAYOUTS):
+One test per kind the layout variants of the OpInfo sweep found (src/torch_vnpu/testing/opinfo.py, LAYOUTS):
 - out= kernels that read their outputs: CPU's batch_norm out= kernel takes the mean from `save_mean`, which only
   its functional wrapper fills, so running native_batch_norm through its out= overload gave wrong values for
   non-contiguous inputs (0.2-1.3 off, no error);

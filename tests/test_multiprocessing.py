@@ -1,4 +1,4 @@
-"""torch.multiprocessing with vnpu tensors (torch_vnpu/_multiprocessing_reductions.py): sent tensors share device memory
+"""torch.multiprocessing with vnpu tensors (src/torch_vnpu/_multiprocessing_reductions.py): sent tensors share device memory
 with the sender, as CUDA tensors do. Child functions live in tests/mp_share_child.py (spawn imports them)."""
 
 import os

@@ -148,7 +148,7 @@ def test_explicit_out_kernels_that_use_out_as_scratch(op, reduction):
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_chunked_linear_cross_entropy_uses_cpu_policy(dtype, reduction):
     # torch picks the chunked path's accumulation dtype from a (device type, dtype) table listing cpu/cuda;
-    # vnpu runs CPU's kernels and registers CPU's entries (torch_vnpu/patches/cpu_policies.py): fp32 accumulation.
+    # vnpu runs CPU's kernels and registers CPU's entries (src/torch_vnpu/patches/cpu_policies.py): fp32 accumulation.
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 16, generator=g).to(dtype).requires_grad_()
     w = torch.randn(40, 16, generator=g).to(dtype).requires_grad_()

@@ -1,10 +1,10 @@
-"""A fast slice of the OpInfo parity sweep (torch_vnpu/testing/opinfo.py, scripts/opinfo_parity.py) for CI:
+"""A fast slice of the OpInfo parity sweep (src/torch_vnpu/testing/opinfo.py, scripts/opinfo_parity.py) for CI:
 
 * forward (functional, in-place and out= variants) of every OpInfo in float32, int64 and bool, one sample
   input and one reference input per op and dtype;
 * gradients (float32) of ~20 common NN ops, two sample inputs each;
 * the layout variants of every sample (issue #13, item 15: non-contiguous, transposed, expanded, storage offset,
-  channels-last views of the same inputs; see LAYOUTS in torch_vnpu/testing/opinfo.py) of one sample input per
+  channels-last views of the same inputs; see LAYOUTS in src/torch_vnpu/testing/opinfo.py) of one sample input per
   OpInfo for the float32 forward (functional and out=) and for the gradients above; output strides must equal
   CPU's (the full sweep runs every sample and reference input in every layout).
 
@@ -34,9 +34,9 @@ GRAD_OPS = [
 
 
 def _opinfo():
-    """This checkout's torch_vnpu/testing/opinfo.py (imported as `opinfo`, not shadowing the installed
+    """This checkout's src/torch_vnpu/testing/opinfo.py (imported as `opinfo`, not shadowing the installed
     torch_vnpu), else the installed torch_vnpu.testing.opinfo."""
-    src = HERE.parent / "torch_vnpu" / "testing"
+    src = HERE.parent / "src" / "torch_vnpu" / "testing"
     if (src / "opinfo.py").exists():
         if str(src) not in sys.path:
             sys.path.insert(0, str(src))  # spawned workers inherit sys.path

@@ -12,18 +12,17 @@ import textwrap
 
 import pytest
 
-import torch_vnpu
 from torch_vnpu import patches
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGE = pathlib.Path(torch_vnpu.__file__).resolve().parent
+PACKAGE = ROOT / "src" / "torch_vnpu"
 # Libraries whose behaviour torch_vnpu changes; assigning to one of their attributes is a patch.
 FOREIGN = {"torch", "transformers", "accelerate", "peft", "safetensors", "lightning", "pytorch_lightning",
            "lightning_fabric"}
 
 
 def test_every_patched_library_is_installed_at_the_version_its_patches_were_checked_against():
-    """A library upgrade must re-check its patches: update `checked` in torch_vnpu/patches/registry.py after
+    """A library upgrade must re-check its patches: update `checked` in src/torch_vnpu/patches/registry.py after
     re-checking each listed patch against the new version's source."""
     stale = [f"{p.id}: checked against {p.library} {p.checked}, installed {have}"
              for p, have in patches.version_mismatches()]

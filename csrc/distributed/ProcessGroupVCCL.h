@@ -1,6 +1,6 @@
 // ProcessGroupVCCL: the c10d backend "vccl" for vnpu tensors (as
 // ProcessGroupNCCL is for cuda). Registered from Python
-// (torch_vnpu/distributed) with devices=["vnpu"].
+// (src/torch_vnpu/distributed) with devices=["vnpu"].
 //
 // Note [vccl execution model]
 // A collective is stream-ordered like NCCL's, but the bytes move on the

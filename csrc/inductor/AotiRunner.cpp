@@ -4,7 +4,7 @@
 // torch._inductor.aoti_load_package reads the package's AOTI_DEVICE_KEY
 // ("vnpu") and asks libtorch's runner registry for that key; this file
 // registers vnpu's runner when torch_vnpu is loaded. The generated model (built
-// by torch_vnpu/_inductor/cpp_wrapper.py in AOT mode) has the execution model
+// by src/torch_vnpu/_inductor/cpp_wrapper.py in AOT mode) has the execution model
 // of the JIT C++ wrapper: buffers from the caching allocator, extern kernels
 // (ATen fallbacks included) through the dispatcher as vnpu ops, fused kernels
 // enqueued on the current vnpu stream. Three things differ:
@@ -72,7 +72,7 @@ using AttachFn = const char* (*)(const void* api, int api_version, long device, 
 // AOTI_RUNTIME_CHECK_INPUTS=1, and only the device type. So the runner checks every input's device before each
 // run (one compare per input) and raises eager's device mismatch. The model declares the devices, one character
 // per input, from its exported torch_vnpu_aoti_input_devices(): 'v' the vnpu device the package was loaded
-// for, 'c' the CPU, '-' unchecked (torch_vnpu/_inductor/cpp_wrapper.py). A zero-size tensor is checked too
+// for, 'c' the CPU, '-' unchecked (src/torch_vnpu/_inductor/cpp_wrapper.py). A zero-size tensor is checked too
 // (its device is wrong all the same; its data is never touched). AOTInductor's own checks (dtype, shape,
 // strides under AOTI_RUNTIME_CHECK_INPUTS=1) run in the model afterwards.
 using InputDevicesFn = const char* (*)();

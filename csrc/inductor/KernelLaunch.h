@@ -6,7 +6,7 @@
 // generated binding that turns tensor arguments into raw pointers. On CPU the
 // binding calls the kernel at once; on vnpu that would race with the extern
 // kernels of the same graph (mm, convolution, sdpa), which the executor
-// enqueues on the current stream. So the vnpu binding (torch_vnpu/_inductor/
+// enqueues on the current stream. So the vnpu binding (src/torch_vnpu/_inductor/
 // kernel_launch.py) only parses the arguments on the calling thread and hands
 // them to InductorLaunchApi::launch, which enqueues the kernel on the current
 // stream of the graph's device, like a CUDA kernel launch: pointers and

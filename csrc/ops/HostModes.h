@@ -5,7 +5,7 @@
 // Most of at::Context's flags (deterministic algorithms and warn-only, float32
 // matmul precision, the mkldnn/onednn switches, ...) are process-global: a
 // kernel queued before the user changed one would read the new value when its
-// stream reaches it. torch_vnpu/patches/host_modes.py therefore drains every vnpu
+// stream reaches it. src/torch_vnpu/patches/host_modes.py therefore drains every vnpu
 // stream before any such setter runs, so each kernel sees the value in force
 // when it was called (a setter is rare; a per-kernel copy of the context is
 // not possible, since the flags are global and the host reads them too).

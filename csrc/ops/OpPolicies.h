@@ -1,5 +1,5 @@
 // Per-op facts the schema does not tell, found by the OpInfo sweep and its
-// probes (torch_vnpu/testing/opinfo.py). Names are "aten::op" or
+// probes (src/torch_vnpu/testing/opinfo.py). Names are "aten::op" or
 // "aten::op.overload". Each table says why its ops are in it.
 #pragma once
 

@@ -24,7 +24,7 @@ namespace {
 
 // What a storage opened from a handle owns: its open of the exporter's memory
 // and, when the sender counts receivers, its slot in the sender's reference
-// slots (Note [Sent-tensor reference slots], torch_vnpu/multiprocessing.py).
+// slots (Note [Sent-tensor reference slots], src/torch_vnpu/_multiprocessing_reductions.py).
 struct Received {
   void* ptr = nullptr;
   void* slots = nullptr;  // mapping of the page holding the slot, or null

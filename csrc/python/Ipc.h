@@ -1,5 +1,5 @@
 // Inter-process sharing of vnpu storages, the native half of
-// torch_vnpu/multiprocessing (torch.multiprocessing with vnpu tensors).
+// src/torch_vnpu/_multiprocessing_reductions.py (torch.multiprocessing with vnpu tensors).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -152,7 +152,7 @@ PYBIND11_MODULE(_C, m) {
     return percent;
   });
   m.def("_is_initialized", [] { return vnpuIsInitialized() != 0; });
-  // VNPU_SANITIZE (torch_vnpu/sanitizer): False once the runtime was initialized without it.
+  // VNPU_SANITIZE (src/torch_vnpu/sanitizer): False once the runtime was initialized without it.
   m.def("_sanitizer_enable", [] { return vnpuSanitizerEnable() == vnpuSuccess; });
   m.def("_sanitizer_is_enabled", [] { return vnpuSanitizerIsEnabled() != 0; });
   // Check 4 (host access to device memory): (on, why not).
@@ -311,7 +311,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_inductor_launch_api") = py::capsule(static_cast<const void*>(at::vnpu::inductor_launch_api()),
                                                "torch_vnpu._C._inductor_launch_api");
 
-  // torch.multiprocessing with vnpu tensors (torch_vnpu/multiprocessing.py).
+  // torch.multiprocessing with vnpu tensors (src/torch_vnpu/_multiprocessing_reductions.py).
   torch_vnpu::bind_ipc(m);
 
   // Distributed (vccl), defined lazily by torch_vnpu.distributed.

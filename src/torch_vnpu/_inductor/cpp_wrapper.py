@@ -59,7 +59,7 @@ _LOADED_DEVICE = "c10::Device(at::kPrivateUse1, static_cast<c10::DeviceIndex>(to
 # C++ spliced into the header of every C++ wrapper of a vnpu graph: _RUNTIME_HEAD, then the JIT or the AOT
 # part (how the launch API is found and how a launch error is raised), then _RUNTIME_TAIL.
 _RUNTIME_HEAD = r"""
-// torch_vnpu: fused kernels on the vnpu stream (torch_vnpu/_inductor/cpp_wrapper.py,
+// torch_vnpu: fused kernels on the vnpu stream (src/torch_vnpu/_inductor/cpp_wrapper.py,
 // Note [Compiled kernels on the stream] in csrc/inductor/KernelLaunch.h).
 #include <c10/core/DeviceGuard.h>
 #include <cstring>

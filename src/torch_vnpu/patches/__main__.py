@@ -17,7 +17,7 @@ a slow path there. torch_vnpu replaces the deciding function for vnpu only; othe
 Each entry names what is replaced, why, and the upstream change that would make the patch unnecessary: the list a
 chip team would take upstream.
 
-This page is generated from `torch_vnpu/patches/registry.py` (`python -m torch_vnpu.patches --markdown`);
+This page is generated from `src/torch_vnpu/patches/registry.py` (`python -m torch_vnpu.patches --markdown`);
 `python -m torch_vnpu.patches` lists the same patches with the library versions installed. Each patch was checked
 against the library version given; a test fails when an installed version differs.
 

@@ -373,7 +373,7 @@ def get_amp_supported_dtype() -> list:
 def ipc_collect() -> int:
     """Frees the vnpu memory this process sent through torch.multiprocessing once every receiver has released
     it (done at each send too), as ``torch.cuda.ipc_collect``; returns how many sent storages were released.
-    See torch_vnpu/_multiprocessing_reductions.py."""
+    See src/torch_vnpu/_multiprocessing_reductions.py."""
     from .. import _multiprocessing_reductions
 
     return _multiprocessing_reductions.ipc_collect()

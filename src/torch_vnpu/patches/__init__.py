@@ -28,7 +28,7 @@ def by_id(patch_id: str) -> Patch:
     try:
         return _BY_ID[patch_id]
     except KeyError:
-        raise KeyError(f"{patch_id!r} is not declared in torch_vnpu/patches/registry.py: declare every patch "
+        raise KeyError(f"{patch_id!r} is not declared in src/torch_vnpu/patches/registry.py: declare every patch "
                        "there (library, checked version, reason, upstream fix)") from None
 
 

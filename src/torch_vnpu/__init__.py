@@ -37,34 +37,6 @@ def _check_torch_version() -> None:
         )
 
 
-def _installed_copy() -> str | None:
-    """When this package is the uncompiled source tree (no _C here: Python started in the repository root puts
-    it first on sys.path), the directory of an installed torch_vnpu with _C further down sys.path, else None."""
-    import glob
-    import os
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    if glob.glob(os.path.join(here, "_C.*")):
-        return None
-    for entry in sys.path:
-        candidate = os.path.join(os.path.abspath(entry or os.curdir), "torch_vnpu")
-        if os.path.normcase(candidate) != os.path.normcase(here) and glob.glob(os.path.join(candidate, "_C.*")) \
-                and os.path.isfile(os.path.join(candidate, "__init__.py")):
-            return candidate
-    return None
-
-
-def _use_installed(path: str) -> None:
-    """Become the installed package at ``path``: its submodules (``_C``, ``vnpu``, ...) and its own code."""
-    import os
-
-    __path__[:] = [path]
-    globals()["__file__"] = init = os.path.join(path, "__init__.py")
-    with open(init, encoding="utf-8") as f:
-        exec(compile(f.read(), init, "exec"), globals())
-
-
 def _register() -> None:
     if torch._C._get_privateuse1_backend_name() != _BACKEND:
         torch.utils.rename_privateuse1_backend(_BACKEND)
@@ -73,9 +45,9 @@ def _register() -> None:
         from . import _C  # noqa: F401  (registers kernels, hooks, allocators)
     except ImportError as e:
         raise ImportError(
-            f"torch_vnpu was imported from {__path__[0]}, which has no compiled extension (_C), and no installed "
-            "torch_vnpu was found on sys.path. Install the package (`make install` or `pip install "
-            "--no-build-isolation .`), or set TORCH_DEVICE_BACKEND_AUTOLOAD=0."
+            f"torch_vnpu was imported from {__path__[0]}, which has no compiled extension (_C): install the "
+            "package (`make install` or `pip install --no-build-isolation .`) and import it from there, or set "
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0."
         ) from e
     from . import vnpu
 
@@ -85,7 +57,7 @@ def _register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
     vnpu._install_at_exit()
-    # Every change to PyTorch's own behaviour is declared in torch_vnpu/patches/registry.py.
+    # Every change to PyTorch's own behaviour is declared in src/torch_vnpu/patches/registry.py.
     from .patches import cpu_policies, cuda_unavailable, host_modes, optim_capture, profiler_export, profiler_stop
 
     cpu_policies.register(_BACKEND)
@@ -97,7 +69,7 @@ def _register() -> None:
     from . import distributed
 
     distributed._register()
-    # Not "multiprocessing.py": Python started inside torch_vnpu/ would import it as the stdlib's multiprocessing.
+    # Not "multiprocessing.py": Python started inside src/torch_vnpu/ would import it as the stdlib's.
     from . import _multiprocessing_reductions
 
     _multiprocessing_reductions._register()  # vnpu tensors through torch.multiprocessing queues (device memory IPC)
@@ -123,8 +95,4 @@ def _register() -> None:
         _port.enable()
 
 
-_installed = _installed_copy()
-if _installed is None:
-    _register()
-else:  # the source tree shadows the installed package (Python run from the repository root): use the latter
-    _use_installed(_installed)
+_register()
