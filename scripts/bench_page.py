@@ -253,7 +253,7 @@ BENCHMARKS = [
     Bench("port_overhead", "CUDA port mode",
           "The cost of port mode (torch_vnpu.port): the same vnpu work with `device=\"cuda\"` through port mode "
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
-          "python benchmarks/port_overhead.py", "", port_overhead),
+          "python benchmarks/port_overhead.py", "make bench", port_overhead),
     Bench("collectives", "Collectives",
           "Collectives of vccl on vnpu tensors against gloo on CPU tensors, in the same processes. The ratio is "
           "the time per operation, vccl / gloo (below 1: vccl is faster).",
