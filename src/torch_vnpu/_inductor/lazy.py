@@ -19,83 +19,15 @@
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
-import warnings
 from types import ModuleType
-from typing import Callable
+
+from .._import_hooks import run_hook, when_imported
 
 _DYNAMO_MODULE = "torch._dynamo.device_interface"
 _INDUCTOR_MODULE = "torch._inductor.codegen.common"
 _FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
 _FAKE_IMPLS_MODULE = "torch._subclasses.fake_impls"
-
-
-class _HookedLoader(importlib.abc.Loader):
-    """Runs ``hook(module)`` after the wrapped loader executed ``module``."""
-
-    def __init__(self, loader, hook: Callable[[ModuleType], None]):
-        self._loader = loader
-        self._hook = hook
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        # The module keeps its real loader (source lookups, reloads).
-        module.__loader__ = self._loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        _run(self._hook, module)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """A meta path finder that only wraps the loaders of the watched module names (one shot each)."""
-
-    def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
-
-    def find_spec(self, fullname, path, target=None):
-        hook = self.hooks.get(fullname)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            del self.hooks[fullname]
-            spec.loader = _HookedLoader(spec.loader, hook)
-        return spec
-
-
-_finder = _PostImportFinder()
-
-
-def _run(hook: Callable[[ModuleType], None], module: ModuleType) -> None:
-    try:
-        hook(module)
-    except Exception as e:  # never break the user's import of Dynamo
-        warnings.warn(f"torch_vnpu: registering torch.compile support for vnpu failed: {e!r}", RuntimeWarning)
-
-
-def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
-    """Calls ``hook(module)`` once module ``name`` is imported (now, if it already is)."""
-    module = sys.modules.get(name)
-    if module is not None:
-        _run(hook, module)
-        return
-    _finder.hooks[name] = hook
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
 
 
 def _register_dynamo(_module: ModuleType) -> None:
@@ -145,5 +77,5 @@ def install() -> None:
         # registered its backends, so register now; Inductor's modules are all importable at this point.
         from . import register_inductor
 
-        _run(lambda _module: register_inductor(), sys.modules[_INDUCTOR_MODULE])
+        run_hook(lambda _module: register_inductor(), sys.modules[_INDUCTOR_MODULE])
     when_imported(_INDUCTOR_MODULE, _hook_inductor)

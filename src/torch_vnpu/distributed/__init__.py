@@ -106,4 +106,9 @@ def _register() -> None:
     atexit.register(_bindings()._stop_future_completions)
     Backend.register_backend("vccl", _create_vccl, extended_api=True, devices=["vnpu"])
     _compat.install()
+    from .._import_hooks import when_imported
+    from . import dtensor_attention
+
+    # DTensor is not imported by `import torch`: its strategies are added when it is.
+    when_imported("torch.distributed.tensor", dtensor_attention.register)
     _registered = True

@@ -179,6 +179,12 @@ PATCHES: tuple[Patch, ...] = (
           ("torch.distributed.c10d_logger._get_msg_dict",),
           "'No backend type associated with device type cpu' does not say what to do; a note names the fix.",
           "None needed for correctness: a clearer message upstream."),
+    Patch("distributed.dtensor-cpu-flash-attention", "torch", _TORCH, "import of torch.distributed.tensor",
+          "torch_vnpu.distributed.dtensor_attention",
+          ("DTensor sharding strategies of aten._scaled_dot_product_flash_attention_for_cpu and its backward",),
+          "Grouped-query attention (enable_gqa=True) runs CPU's flash op on every device but CUDA, and DTensor has "
+          "no strategy for it: tensor-parallel GQA attention on DTensors raised NotImplementedError.",
+          "Register DTensor strategies for the CPU flash-attention ops (as for CUDA's flash op)."),
     # ---- third-party libraries (torch_vnpu.integrations) ----
     Patch("huggingface.accelerate", "accelerate", "1.15.0", "integration", "torch_vnpu.integrations.huggingface",
           ("accelerate.state.PartialState.default_device", "accelerate.state.PartialState._prepare_backend",
