@@ -66,6 +66,7 @@ bench: install
 	$(PY) benchmarks/hf_step.py --out $(OUT)/bench
 	$(PY) benchmarks/graph_replay.py --out $(OUT)/bench
 	$(PY) benchmarks/port_overhead.py --out $(OUT)/bench
+	$(PY) benchmarks/checkpoint_io.py --out $(OUT)/bench
 	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
 
 # Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the

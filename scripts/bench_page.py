@@ -216,6 +216,25 @@ def dist_train_step(d):
         f"{plural(a['steps'], 'synced step')} per device, the first {a['warmup']} of each run dropped.", ""]
 
 
+def checkpoint_io(d):
+    out = []
+    for cache, r in d["results"].items():
+        rows = []
+        for k, label in (("read", "`cat` of the files (storage limit)"), ("cpu", "to CPU memory"),
+                         ("vnpu", "to vnpu, streamed"), ("vnpu_copy", "to vnpu, a copy per tensor (before)")):
+            rows.append((label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2),
+                         num(r["peak_rss_mib"].get(k), 0), num(r["host_overhead_mib"].get(k), 0)))
+        note = "" if cache == "warm" else (" (page cache dropped)" if d["page_cache_dropped"] else
+                                           " (the page cache could not be dropped: not root)")
+        out += [f"{cache.capitalize()} page cache{note}: vnpu / cpu = {ratio(r['vnpu_over_cpu'])}, "
+                f"per-tensor copy / cpu = {ratio(r['vnpu_copy_over_cpu'])}, "
+                f"{100 * r['read_bandwidth_fraction']:.0f}% of the read bandwidth.", ""]
+        out += table(["load", "s", "GiB/s", "peak RSS MiB", "RSS beyond the checkpoint MiB"], rows)
+    return out + [f"A {d['checkpoint_bytes'] / MIB:.0f} MiB checkpoint in {plural(d['shards'], 'shard')}; "
+                  "each load in a fresh process (median). A vnpu load's RSS includes the device memory (the "
+                  "vNPU's memory is the process's).", ""]
+
+
 BENCHMARKS = [
     Bench("eager_overhead", "Eager dispatch overhead",
           "Time per call of small ops (a 2x2 add, a 64x64 matmul, an allocation): the per-op cost a Python "
@@ -254,6 +273,10 @@ BENCHMARKS = [
           "The cost of port mode (torch_vnpu.port): the same vnpu work with `device=\"cuda\"` through port mode "
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
           "python benchmarks/port_overhead.py", "make bench", port_overhead),
+    Bench("checkpoint_io", "Checkpoint loading",
+          "A safetensors checkpoint loaded onto vnpu (torch_vnpu.io: reads into pinned buffers, uploads queued "
+          "as each fills) against loading it into CPU memory and against reading the files.",
+          "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
     Bench("collectives", "Collectives",
           "Collectives of vccl on vnpu tensors against gloo on CPU tensors, in the same processes. The ratio is "
           "the time per operation, vccl / gloo (below 1: vccl is faster).",

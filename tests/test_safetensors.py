@@ -28,6 +28,7 @@ def test_without_adapter_device_string_is_rejected_upstream(checkpoint, monkeypa
     path, _ = checkpoint
     assert st.safe_open is not safetensors._safetensors_rust.safe_open  # `import safetensors` patched it
     monkeypatch.setattr(st, "safe_open", safetensors._safetensors_rust.safe_open)  # upstream's own
+    monkeypatch.setattr(st, "load_file", getattr(st.load_file, "__wrapped__", st.load_file))
     with pytest.raises(SafetensorError, match="invalid"):
         st.load_file(path, device="vnpu")
 
@@ -61,3 +62,20 @@ def test_adapter_patches_modules_that_imported_safe_open_before(adapter, checkpo
     assert out["w"].device == torch.device("vnpu", 1) and torch.equal(out["w"].cpu(), ref["w"])
     assert out["b"].device.type == "cpu" and torch.equal(out["b"], ref["b"])
     assert out["h"].device.type == "vnpu" and torch.equal(out["h"].cpu(), ref["h"])
+
+
+def test_safetensors_torch_imported_before_torch_is_adapted(checkpoint, tmp_path):
+    path, ref = checkpoint
+    """`from safetensors.torch import load_file` at the top of a script imports torch (and torch_vnpu) while
+    safetensors.torch is still executing: the adapter must patch it once it finished (it warned and left
+    safetensors unpatched before), so load_file(..., device="vnpu") works."""
+    import subprocess
+    import sys
+
+    code = ("from safetensors.torch import load_file\nimport sys, torch\n"
+            f"t = load_file(sys.argv[1], device='vnpu')\n"
+            "print(sorted({str(v.device) for v in t.values()}))\n")
+    proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code, str(path)],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "['vnpu:0']", proc.stdout

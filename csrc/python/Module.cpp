@@ -19,6 +19,7 @@
 #include "../ops/WorkerWarnings.h"
 #include "../sanitizer/Sanitizer.h"
 #include "Interrupts.h"
+#include "CheckpointIO.h"
 #include "Ipc.h"
 #include "MemoryHistory.h"
 
@@ -313,6 +314,7 @@ PYBIND11_MODULE(_C, m) {
 
   // torch.multiprocessing with vnpu tensors (src/torch_vnpu/_multiprocessing_reductions.py).
   torch_vnpu::bind_ipc(m);
+  torch_vnpu::bind_checkpoint_io(m);
 
   // Distributed (vccl), defined lazily by torch_vnpu.distributed.
   torch_vnpu::distributed::init_module(m);

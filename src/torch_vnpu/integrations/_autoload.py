@@ -35,7 +35,9 @@ _TRIGGERS = {
     "transformers.training_args": "huggingface",
     "transformers.generation.utils": "huggingface",
     "peft": "huggingface",
-    "safetensors": "huggingface",
+    # safetensors.torch, not safetensors: `import safetensors.torch` first imports torch (so torch_vnpu) while
+    # it executes; the adapter needs the finished module.
+    "safetensors.torch": "huggingface",
     "lightning.fabric": "lightning",
     "lightning_fabric": "lightning",
     "lightning.pytorch": "lightning",

@@ -272,8 +272,13 @@ def _safetensors_device(device: object, device_type: str) -> object:
 
 
 def _patch_safetensors(device_type: str) -> None:
+    import importlib
+
     import safetensors
-    import safetensors.torch
+
+    # From sys.modules: when the import of safetensors.torch triggers this, the package has no `torch`
+    # attribute yet (the import system sets it after the module finished executing).
+    safetensors_torch = importlib.import_module("safetensors.torch")
 
     # 7. safetensors (0.8) parses device strings from a fixed list (cpu, cuda, npu, xpu, ...) and rejects others
     #    ("device vnpu is invalid"), though it accepts a device index. safe_open (used by load_file,
@@ -285,7 +290,7 @@ def _patch_safetensors(device_type: str) -> None:
         return orig_open(filename, framework, _safetensors_device(device, device_type), *args, **kwargs)
 
     _set(safetensors, "safe_open", safe_open, f"7, device={device_type!r} -> index")
-    _set(safetensors.torch, "safe_open", safe_open, "7")  # safetensors.torch.load_file calls this name
+    _set(safetensors_torch, "safe_open", safe_open, "7")  # safetensors_torch.load_file calls this name
     # Modules that imported the name before enable() (transformers.modeling_utils, accelerate.utils.modeling,
     # ...); later imports pick up the patched name.
     for name, module in list(sys.modules.items()):
@@ -293,6 +298,21 @@ def _patch_safetensors(device_type: str) -> None:
             continue
         if getattr(module, "__dict__", {}).get("safe_open") is orig_open:  # no lazy-module __getattr__
             _set(module, "safe_open", safe_open, "7")
+    # 11. load_file(path, device="vnpu") reads the whole file into vnpu memory through pinned staging buffers,
+    #     reads and uploads overlapped (torch_vnpu.io.safetensors), instead of a CPU tensor and a blocking copy
+    #     per tensor. Other devices keep safetensors' own load.
+    orig_load = safetensors_torch.load_file
+
+    @functools.wraps(orig_load)
+    def load_file(filename, device="cpu"):
+        index = _safetensors_device(device, device_type)  # an int: a vnpu device (safetensors: int i = device i)
+        if isinstance(index, int) and not isinstance(index, bool):
+            from ..io.safetensors import load_file as streamed
+
+            return streamed(filename, torch.device(device_type, index))
+        return orig_load(filename, device=device)
+
+    _set(safetensors_torch, "load_file", load_file, f"11, load_file(device={device_type!r}) streamed")
 
 
 def _installed(name: str) -> bool:

@@ -1,0 +1,162 @@
+"""Loading a safetensors checkpoint onto vnpu, against loading it to CPU memory and against reading the files.
+
+A checkpoint of --size MiB in --shards files (float32/bfloat16 tensors of a transformer's shapes) is generated in
+a temporary directory. Each way of loading runs in a fresh process (its peak RSS is its own), --repeats times,
+median reported, warm page cache (the files were just written and read):
+
+  read        cat of every shard into /dev/null: the storage limit (here: the page cache)
+  cpu         safetensors.torch.load_file(device="cpu") and a copy of every tensor into process memory (what a
+              load to host memory costs; safetensors alone only maps the file)
+  vnpu        safetensors.torch.load_file(device="vnpu"): streamed through pinned buffers (torch_vnpu.io)
+  vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
+              blocking copy per tensor)
+
+Ratios: vnpu / cpu and read bandwidth fraction (read time / vnpu time). Host RSS of a vnpu load counts the device
+memory too (the vNPU's memory is this process's): "host overhead" is peak RSS minus the checkpoint's bytes.
+A cold page cache needs root (/proc/sys/vm/drop_caches); the JSON says whether it was dropped.
+
+Writes OUT/checkpoint_io.json and prints a table.
+
+    python benchmarks/checkpoint_io.py --out out/bench [--size 1024 --shards 4 --repeats 3]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import _meta
+
+_CHILD = r"""
+import json, resource, sys, time
+import torch, safetensors.torch as st
+how, paths = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+if how == "cpu":
+    out = [{k: v.clone() for k, v in st.load_file(p, device="cpu").items()} for p in paths]
+elif how == "vnpu":
+    out = [st.load_file(p, device="vnpu") for p in paths]
+    torch.vnpu.synchronize()
+elif how == "vnpu_copy":
+    load = getattr(st.load_file, "__wrapped__", st.load_file)  # safetensors' own load_file
+    out = [load(p, device=0) for p in paths]  # device 0: the accelerator's device 0
+    torch.vnpu.synchronize()
+seconds = time.perf_counter() - t0
+nbytes = sum(v.numel() * v.element_size() for d in out for v in d.values())
+print(json.dumps({"seconds": seconds, "bytes": nbytes,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _generate(directory, size_mib, shards):
+    import torch
+    import safetensors.torch as st
+
+    g = torch.Generator().manual_seed(0)
+    per_shard = size_mib * (1 << 20) // shards
+    paths = []
+    for s in range(shards):
+        state, used, i = {}, 0, 0
+        while used < per_shard:
+            # a layer's worth: attention and MLP matrices in float32, norms and a bf16 projection
+            for name, shape, dtype in (("q", (512, 512), torch.float32), ("mlp", (512, 1536), torch.float32),
+                                       ("norm", (512,), torch.float32), ("proj", (1536, 512), torch.bfloat16)):
+                t = torch.randn(shape, generator=g).to(dtype)
+                state[f"layer{i}.{name}"] = t
+                used += t.numel() * t.element_size()
+            i += 1
+        path = os.path.join(directory, f"model-{s:05d}-of-{shards:05d}.safetensors")
+        st.save_file(state, path)
+        paths.append(path)
+    return paths
+
+
+def _drop_caches():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def _read(paths):
+    t0 = time.perf_counter()
+    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def _child(how, paths):
+    proc = subprocess.run([sys.executable, "-c", _CHILD, how, *paths], capture_output=True, text=True,
+                          timeout=1800, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{how}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/bench")
+    p.add_argument("--size", type=int, default=1024, help="checkpoint size in MiB")
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cold", action="store_true", help="also drop the page cache before each load (root only)")
+    args = p.parse_args(argv)
+    run_meta = _meta.begin(__file__, argv)
+    with tempfile.TemporaryDirectory() as d:
+        paths = _generate(d, args.size, args.shards)
+        total = sum(os.path.getsize(q) for q in paths)
+        caches = ["warm"] + (["cold"] if args.cold else [])
+        results = {}
+        dropped = None
+        for cache in caches:
+            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": []}
+            rss = {"cpu": [], "vnpu": [], "vnpu_copy": []}
+            for _ in range(args.repeats):
+                for how in rows:
+                    if cache == "cold":
+                        dropped = _drop_caches()
+                    else:
+                        _read(paths)  # warm
+                    if how == "read":
+                        rows[how].append(_read(paths))
+                    else:
+                        r = _child(how, paths)
+                        rows[how].append(r["seconds"])
+                        rss[how].append(r["peak_rss"])
+            med = {k: statistics.median(v) for k, v in rows.items()}
+            results[cache] = {
+                "seconds": med,
+                "gib_per_s": {k: total / v / (1 << 30) for k, v in med.items()},
+                "vnpu_over_cpu": med["vnpu"] / med["cpu"],
+                "vnpu_copy_over_cpu": med["vnpu_copy"] / med["cpu"],
+                "read_bandwidth_fraction": med["read"] / med["vnpu"],
+                "peak_rss_mib": {k: statistics.median(v) / (1 << 20) for k, v in rss.items()},
+                "host_overhead_mib": {k: (statistics.median(v) - total) / (1 << 20) for k, v in rss.items()},
+            }
+    report = {"run": _meta.end(run_meta), "checkpoint_bytes": total, "shards": args.shards,
+              "page_cache_dropped": dropped, "results": results}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "checkpoint_io.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"checkpoint {total / (1 << 20):.0f} MiB in {args.shards} shards; load average "
+          f"{report['run']['load_average_before']}")
+    for cache, r in results.items():
+        print(f"\n{cache} page cache" + ("" if cache == "warm" else f" (dropped: {dropped})"))
+        print(f"{'path':<10} {'s':>7} {'GiB/s':>7} {'peak RSS MiB':>13} {'host overhead MiB':>18}")
+        for k in ("read", "cpu", "vnpu", "vnpu_copy"):
+            rss_ = r["peak_rss_mib"].get(k)
+            ovh = r["host_overhead_mib"].get(k)
+            print(f"{k:<10} {r['seconds'][k]:7.3f} {r['gib_per_s'][k]:7.2f} "
+                  f"{'' if rss_ is None else f'{rss_:13.0f}'} {'' if ovh is None else f'{ovh:18.0f}'}")
+        print(f"vnpu / cpu = {r['vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = {r['vnpu_copy_over_cpu']:.2f}x, "
+              f"read bandwidth reached = {100 * r['read_bandwidth_fraction']:.0f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+// Reading byte ranges of a file into device memory through pinned staging
+// buffers (Note [Staged file reads]). Used by torch_vnpu.checkpoint to load
+// safetensors checkpoints onto vnpu.
+#pragma once
+
+#include "../core/VNPUStream.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace at::vnpu::io {
+
+struct Segment {
+  uint64_t file_offset;  // first byte in the file
+  uint64_t nbytes;
+  void* dst;             // device memory, nbytes long
+  std::string name;      // for error messages (the tensor's name)
+};
+
+// Reads every segment of `path` into its device destination, in stream order on
+// `stream`: chunks of at most `chunk_bytes` are read (pread) into one of `slots`
+// pinned buffers and uploaded with vnpuMemcpyAsync as each buffer fills; a buffer
+// is read into again once its upload ran. Returns when the last upload is queued
+// (not run): work queued on `stream` afterwards sees the bytes. Raises
+// c10::Error naming the file and the tensor on an I/O error or a short read
+// (the file truncated or changed while read); uploads already queued stay
+// queued (their destinations remain valid until the caller frees them, stream-ordered).
+void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
+                    c10::vnpu::VNPUStream stream);
+
+}  // namespace at::vnpu::io

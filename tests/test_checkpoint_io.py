@@ -1,0 +1,153 @@
+"""torch_vnpu.io.safetensors: safetensors files streamed onto vnpu through pinned staging buffers. Oracle: the same
+file loaded by safetensors onto the CPU (bitwise), safetensors' own errors for malformed files."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import safetensors
+import safetensors.torch as st
+import torch
+
+from torch_vnpu.io import safetensors as vio
+
+# Every dtype safetensors maps to torch, with a few shapes each (scalars, empty, odd sizes).
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64,
+          torch.uint16, torch.uint32, torch.uint64]
+
+
+def _state():
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for i, dtype in enumerate(DTYPES):
+        for j, shape in enumerate(((), (0, 3), (7,), (33, 5), (2, 3, 129))):
+            x = torch.randn(shape, generator=g, dtype=torch.float64) * 50
+            if dtype == torch.bool:
+                t = x > 0
+            elif dtype.is_complex:
+                t = torch.complex(x, -x).to(dtype)
+            elif dtype in (torch.uint16, torch.uint32, torch.uint64):
+                t = x.abs().to(torch.int64).to(dtype)
+            else:
+                t = x.to(dtype)
+            out[f"t{i}_{j}"] = t
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
+    st.save_file(_state(), str(path), metadata={"format": "pt"})
+    return str(path)
+
+
+@pytest.mark.parametrize("chunk_bytes,slots", [(64, 1), (4096, 2), (16 << 20, 4)])
+def test_every_dtype_is_bitwise_the_cpu_load(checkpoint, chunk_bytes, slots):
+    """Small buffers split tensors across chunks and share one buffer between several small tensors."""
+    ref = st.load_file(checkpoint, device="cpu")
+    out = vio.load_file(checkpoint, "vnpu", chunk_bytes=chunk_bytes, slots=slots)
+    assert out.keys() == ref.keys()
+    for k, v in ref.items():
+        assert out[k].device == torch.device("vnpu", 0) and out[k].dtype == v.dtype and out[k].shape == v.shape, k
+        assert torch.equal(_bits(out[k]), _bits(v)), k
+
+
+def test_second_device_and_conversion_on_load(checkpoint):
+    ref = st.load_file(checkpoint, device="cpu")
+    out = vio.load_file(checkpoint, torch.device("vnpu", 1), dtype=torch.bfloat16)
+    for k, v in ref.items():
+        assert out[k].device == torch.device("vnpu", 1), k
+        want = v.to(torch.bfloat16) if v.is_floating_point() else v  # integers, bool, complex keep theirs
+        assert out[k].dtype == want.dtype and torch.equal(_bits(out[k]), _bits(want)), k
+
+
+def test_safetensors_load_file_onto_vnpu_uses_the_streamed_loader(checkpoint, monkeypatch):
+    calls = []
+    real = vio.load_file
+    monkeypatch.setattr(vio, "load_file", lambda *a, **k: calls.append(a) or real(*a, **k))
+    ref = st.load_file(checkpoint, device="cpu")
+    out = st.load_file(checkpoint, device="vnpu:1")
+    assert calls and all(torch.equal(_bits(out[k]), _bits(v)) and out[k].device.index == 1 for k, v in ref.items())
+
+
+def test_work_queued_after_the_load_reads_the_loaded_bytes(checkpoint):
+    """The call returns once the last upload is queued; kernels queued next on the stream see every byte."""
+    ref = st.load_file(checkpoint, device="cpu")
+    torch.vnpu._sleep(200_000_000)  # the stream is busy: every upload is still queued when load_file returns
+    out = vio.load_file(checkpoint, "vnpu", chunk_bytes=1 << 12, slots=8)
+    sums = {k: out[k].double().sum() for k, v in ref.items() if v.is_floating_point() and not v.is_complex()}
+    for k, s in sums.items():
+        assert s.item() == ref[k].double().sum().item(), k
+
+
+def test_a_malformed_file_raises_safetensors_error_and_allocates_nothing(checkpoint, tmp_path):
+    data = open(checkpoint, "rb").read()
+    bad_header = tmp_path / "bad_header.safetensors"
+    bad_header.write_bytes(data[:9] + b"#" + data[10:])  # the JSON header broken
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(data[: len(data) - 100])
+    before = torch.vnpu.memory_allocated()
+    for path in (bad_header, truncated):
+        with pytest.raises(safetensors.SafetensorError) as cpu_error:
+            st.load_file(str(path), device="cpu")
+        with pytest.raises(safetensors.SafetensorError) as ours:
+            vio.load_file(str(path), "vnpu")
+        assert str(ours.value) == str(cpu_error.value)
+    assert torch.vnpu.memory_allocated() == before
+
+
+def test_a_file_shorter_than_its_header_says_names_the_tensor_and_frees_everything(checkpoint, monkeypatch):
+    """The file changed after its header was validated: the short read raises RuntimeError naming the file and
+    the tensor, and the tensors allocated for the load go back to the allocator."""
+    start, header = vio._header(checkpoint)
+    size = os.path.getsize(checkpoint)
+    last = max(header, key=lambda k: header[k]["data_offsets"][1])
+    monkeypatch.setattr(vio, "_header", lambda path: (start + 64, header))  # as if 64 bytes had gone
+    torch.vnpu.synchronize()
+    before = torch.vnpu.memory_allocated()
+    with pytest.raises(RuntimeError, match=f"{checkpoint} ended at byte {size} while reading tensor '{last}'"):
+        vio.load_file(checkpoint, "vnpu", chunk_bytes=1 << 12)
+    assert torch.vnpu.memory_allocated() == before
+    assert torch.equal(torch.ones(3, device="vnpu").cpu(), torch.ones(3))  # the device and stream work on
+
+
+def test_another_device_type_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="vnpu devices"):
+        vio.load_file(checkpoint, "cpu")
+
+
+def test_a_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded(tmp_path):
+    code = textwrap.dedent(f"""
+        import torch, safetensors.torch as st
+        from torch_vnpu.io import safetensors as vio
+        st.save_file({{f"w{{i}}": torch.ones(1 << 20) for i in range(24)}}, "{tmp_path}/big.safetensors")  # 96 MiB
+        before = torch.vnpu.memory_allocated()
+        try:
+            vio.load_file("{tmp_path}/big.safetensors", "vnpu")
+            print("loaded")
+        except torch.OutOfMemoryError:
+            print("oom", torch.vnpu.memory_allocated() == before)
+        print(torch.ones(4, device="vnpu").sum().item())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VNPU_MEMORY_PER_DEVICE="64M"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["oom", "True", "4.0"], proc.stdout
+
+
+def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
+    code = (f"import torch\nfrom torch_vnpu.io import safetensors as vio\n"
+            f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096)\n"
+            "s = sum(v.double().sum() for v in out.values() if v.is_floating_point() and not v.is_complex())\n"
+            "print(torch.isfinite(s).item())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VNPU_SANITIZE="1"), cwd=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
