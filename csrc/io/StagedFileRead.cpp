@@ -22,7 +22,10 @@
 // its buffer), so host memory stays bounded by slots x chunk_bytes whatever the
 // file size (plain reads, not mmap: the file's pages stay in the page cache,
 // not in the process). Consecutive segments share a buffer, so many small
-// tensors cost one read. The buffers come from vnpu's caching host allocator:
+// tensors cost one read. Uploads alternate between the current stream and pool
+// streams forked from it (joined back at the end): the vNPU's memory is paged in
+// on first write, so a fresh destination costs more than the copy, and two
+// workers share that. The buffers come from vnpu's caching host allocator:
 // each is handed back with an event of its upload, so the call returns without
 // waiting for the last uploads, and later loads reuse the buffers.
 
@@ -67,14 +70,31 @@ void readFully(const File& f, const std::string& path, const Segment& first, cha
 }  // namespace
 
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
-                    c10::vnpu::VNPUStream vnpu_stream) {
-  TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0, "staged read: chunk_bytes and slots must be positive");
+                    c10::vnpu::VNPUStream current, int upload_streams) {
+  TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
+                    "staged read: chunk_bytes, slots and upload_streams must be positive");
   File file(path);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();
-  const c10::Stream c10_stream = vnpu_stream.unwrap();
-  vnpuStream_t stream = vnpu_stream.stream();
+  // Uploads alternate between the current stream and pool streams that fork from it and join it at the end,
+  // so that work queued on the current stream afterwards is ordered after every upload.
+  std::vector<c10::vnpu::VNPUStream> streams{current};
+  for (int k = 1; k < upload_streams; ++k) {
+    streams.push_back(c10::vnpu::getStreamFromPool(false, current.device_index()));
+  }
+  auto link = [](vnpuStream_t from, vnpuStream_t to) {  // `to` waits for the work queued on `from` so far
+    vnpuEvent_t e = nullptr;
+    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
+    VNPU_CHECK(vnpuEventRecord(e, from));
+    VNPU_CHECK(vnpuStreamWaitEvent(to, e, 0));
+    VNPU_CHECK(vnpuEventDestroy(e));
+  };
+  for (size_t k = 1; k < streams.size(); ++k) link(current.stream(), streams[k].stream());
+  auto join = [&] {
+    for (size_t k = 1; k < streams.size(); ++k) link(streams[k].stream(), current.stream());
+  };
+  size_t chunk_index = 0;
   std::deque<vnpuEvent_t> in_flight;  // one event per buffer whose upload may still run
   auto release_oldest = [&] {
     VNPU_CHECK(vnpuEventSynchronize(in_flight.front()));
@@ -110,6 +130,8 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
       }
       if (filled == 0) continue;
       if (static_cast<int>(in_flight.size()) >= slots) release_oldest();
+      const c10::vnpu::VNPUStream& upload = streams[chunk_index++ % streams.size()];
+      vnpuStream_t stream = upload.stream();
       c10::DataPtr buf = host->allocate(filled);
       readFully(file, path, first, static_cast<char*>(buf.get()), filled, start);
       for (const Piece& p : pieces) {
@@ -117,7 +139,7 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
                                    stream));
       }
       // The buffer goes back to the allocator now; it is reused only after the uploads above ran.
-      host->record_event(buf.get(), buf.get_context(), c10_stream);
+      host->record_event(buf.get(), buf.get_context(), upload.unwrap());
       vnpuEvent_t done = nullptr;
       VNPU_CHECK(vnpuEventCreateWithFlags(&done, vnpuEventDisableTiming));
       VNPU_CHECK(vnpuEventRecord(done, stream));
@@ -125,9 +147,11 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
     }
   } catch (...) {
     for (vnpuEvent_t e : in_flight) (void)vnpuEventDestroy(e);
+    join();  // the caller frees the destinations in the current stream's order: after these uploads
     throw;
   }
   for (vnpuEvent_t e : in_flight) VNPU_CHECK(vnpuEventDestroy(e));
+  join();
 }
 
 }  // namespace at::vnpu::io

@@ -20,13 +20,14 @@ struct Segment {
 
 // Reads every segment of `path` into its device destination, in stream order on
 // `stream`: chunks of at most `chunk_bytes` are read (pread) into one of `slots`
-// pinned buffers and uploaded with vnpuMemcpyAsync as each buffer fills; a buffer
+// pinned buffers and uploaded with vnpuMemcpyAsync as each buffer fills (on
+// `stream` and upload_streams - 1 pool streams forked from and joined to it); a buffer
 // is read into again once its upload ran. Returns when the last upload is queued
 // (not run): work queued on `stream` afterwards sees the bytes. Raises
 // c10::Error naming the file and the tensor on an I/O error or a short read
 // (the file truncated or changed while read); uploads already queued stay
 // queued (their destinations remain valid until the caller frees them, stream-ordered).
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
-                    c10::vnpu::VNPUStream stream);
+                    c10::vnpu::VNPUStream stream, int upload_streams = 2);
 
 }  // namespace at::vnpu::io

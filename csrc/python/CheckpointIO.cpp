@@ -15,7 +15,7 @@ void bind_checkpoint_io(py::module& m) {
   // of the current device. The GIL is released while reading.
   m.def("_read_into_device",
         [](const std::string& path, const std::vector<std::tuple<uint64_t, uint64_t, uintptr_t, std::string>>& segs,
-           size_t chunk_bytes, int slots) {
+           size_t chunk_bytes, int slots, int upload_streams) {
           std::vector<at::vnpu::io::Segment> segments;
           segments.reserve(segs.size());
           for (const auto& [offset, nbytes, dst, name] : segs) {
@@ -23,9 +23,9 @@ void bind_checkpoint_io(py::module& m) {
           }
           auto stream = c10::vnpu::getCurrentVNPUStream();
           py::gil_scoped_release no_gil;
-          at::vnpu::io::readIntoDevice(path, std::move(segments), chunk_bytes, slots, stream);
+          at::vnpu::io::readIntoDevice(path, std::move(segments), chunk_bytes, slots, stream, upload_streams);
         },
-        py::arg("path"), py::arg("segments"), py::arg("chunk_bytes"), py::arg("slots"));
+        py::arg("path"), py::arg("segments"), py::arg("chunk_bytes"), py::arg("slots"), py::arg("upload_streams") = 2);
 }
 
 }  // namespace torch_vnpu
