@@ -1182,6 +1182,17 @@ void delete_block(void* ptr) {
   device_allocator(static_cast<DeviceIndex>(device)).free_ptr(ptr);
 }
 
+// torch.vnpu.memory.caching_allocator_enable(False), as CUDA's: each allocation
+// is its own vnpuMalloc and each free a vnpuFree (which waits for the device's
+// queued work, so a block is never reused while a stream may still use it).
+std::atomic<bool> g_caching_enabled{true};
+
+void uncached_delete(void* ptr) {
+  if (vnpuFree(ptr) != vnpuSuccess) {  // a deleter must not throw: report and go on
+    TORCH_WARN("vnpu: freeing an uncached allocation failed: ", vnpuGetLastErrorString());
+  }
+}
+
 // Tensors may die during interpreter shutdown: the allocator is intentionally
 // leaked so their deleters never see a destroyed allocator.
 class VNPUAllocator final : public c10::DeviceAllocator {
@@ -1190,6 +1201,16 @@ class VNPUAllocator final : public c10::DeviceAllocator {
     DeviceIndex d = current_device();
     Device device(DeviceType::PrivateUse1, d);
     if (n == 0) return DataPtr(nullptr, device);
+    if (!g_caching_enabled.load(std::memory_order_relaxed)) {
+      void* p = nullptr;
+      vnpuError_t err = vnpuMalloc(&p, n);
+      if (err == vnpuErrorMemoryAllocation) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "vnpu out of memory allocating ", n,
+                         " bytes without the caching allocator (caching_allocator_enable(False))");
+      }
+      VNPU_CHECK(err);
+      return DataPtr(p, p, &uncached_delete, device);
+    }
     Block* b = device_allocator(d).malloc(n, getCurrentVNPUStream(d).stream());
     return DataPtr(b->ptr, b->ptr, &delete_block, device);
   }
@@ -1220,10 +1241,32 @@ class VNPUAllocator final : public c10::DeviceAllocator {
 };
 
 VNPUAllocator* g_allocator = new VNPUAllocator();
+std::atomic<c10::DeviceAllocator*> g_current{g_allocator};
+
+// The caching allocator's own APIs (statistics, snapshots, pools) have no meaning for an allocator
+// installed with change_current_allocator: raise, as CUDA's pluggable allocator does.
+void check_caching(const char* what) {
+  TORCH_CHECK(g_current.load() == g_allocator, "the current vnpu allocator (installed with "
+              "torch.vnpu.memory.change_current_allocator) does not support ", what,
+              "; these statistics and controls belong to vnpu's caching allocator");
+}
 
 }  // namespace
 
-c10::DeviceAllocator* get() { return g_allocator; }
+c10::DeviceAllocator* get() { return g_current.load(); }
+
+void setCachingEnabled(bool enabled) { g_caching_enabled.store(enabled); }
+bool isCachingEnabled() { return g_caching_enabled.load(); }
+
+void changeCurrentAllocator(c10::DeviceAllocator* allocator) {
+  TORCH_CHECK(allocator != nullptr, "change_current_allocator: no allocator");
+  TORCH_CHECK(!get()->initialized(), "Can't swap an already initialized allocator: call "
+              "torch.vnpu.memory.change_current_allocator before the first use of a vnpu device");
+  g_current.store(allocator);
+  c10::SetAllocator(DeviceType::PrivateUse1, allocator, /*priority=*/1);
+}
+
+bool isCachingAllocatorCurrent() { return g_current.load() == g_allocator; }
 
 void recordStream(const DataPtr& ptr, VNPUStream stream) {
   // A copy-on-write DataPtr (torch._lazy_clone) wraps the allocator's: record on the block all the same.
@@ -1245,23 +1288,32 @@ void emptyCache() {
   if (first) std::rethrow_exception(first);
 }
 
-DeviceStats getDeviceStats(DeviceIndex d) { return device_allocator(d).stats(); }
+DeviceStats getDeviceStats(DeviceIndex d) {
+  check_caching("memory statistics");
+  return device_allocator(d).stats();
+}
 
 void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(vnpuStream_t)> filter) {
+  check_caching("graph memory pools");
   device_allocator(device).begin_allocate_to_pool(id, std::move(filter));
 }
 void endAllocateToPool(DeviceIndex device, MempoolId_t id) { device_allocator(device).end_allocate_to_pool(id); }
 void releasePool(DeviceIndex device, MempoolId_t id) { device_allocator(device).release_pool(id); }
 int poolUseCount(DeviceIndex device, MempoolId_t id) { return device_allocator(device).pool_use_count(id); }
 
-void resetPeakStats(DeviceIndex d) { device_allocator(d).reset_peak(); }
+void resetPeakStats(DeviceIndex d) {
+  check_caching("resetPeakStats");
+  device_allocator(d).reset_peak();
+}
 void setMemoryFraction(double fraction, DeviceIndex d) {
+  check_caching("setMemoryFraction");
   TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction: ", fraction, ". Please set within [0, 1].");
   device_allocator(d).set_memory_fraction(fraction);
 }
 double getMemoryFraction(DeviceIndex d) { return device_allocator(d).memory_fraction(); }
 
 void* rawAlloc(size_t n, vnpuStream_t stream) {
+  check_caching("caching_allocator_alloc");
   int device = -1;
   VNPU_CHECK(vnpuStreamGetDevice(stream, &device));
   return device_allocator(static_cast<DeviceIndex>(device)).raw_alloc(n, stream);
@@ -1273,9 +1325,13 @@ void rawDelete(void* ptr) {
   TORCH_CHECK(vnpuPointerGetDevice(&device, ptr) == vnpuSuccess && device >= 0, "invalid device pointer: ", ptr);
   device_allocator(static_cast<DeviceIndex>(device)).raw_delete(ptr);
 }
-void resetAccumulatedStats(DeviceIndex d) { device_allocator(d).reset_accumulated(); }
+void resetAccumulatedStats(DeviceIndex d) {
+  check_caching("resetAccumulatedStats");
+  device_allocator(d).reset_accumulated();
+}
 
 SnapshotInfo snapshot() {
+  check_caching("memory snapshots");
   SnapshotInfo out;
   for (DeviceIndex d = 0; d < device_count(); ++d) {
     auto s = device_allocator(d).snapshot();

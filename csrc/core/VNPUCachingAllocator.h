@@ -31,8 +31,18 @@
 
 namespace c10::vnpu::allocator {
 
-// The allocator registered for DeviceType::PrivateUse1.
+// The allocator registered for DeviceType::PrivateUse1: the caching allocator, or the one
+// changeCurrentAllocator installed.
 c10::DeviceAllocator* get();
+// torch.vnpu.memory.change_current_allocator (CUDA's): `allocator` serves every later vnpu allocation.
+// Only before any device was used, else "Can't swap an already initialized allocator". The caching
+// allocator's statistics, snapshots, pools and raw allocations then raise (as CUDA's pluggable allocator).
+void changeCurrentAllocator(c10::DeviceAllocator* allocator);
+bool isCachingAllocatorCurrent();
+// torch.vnpu.memory.caching_allocator_enable (CUDA's): off, each allocation is its own vnpuMalloc and each
+// free a vnpuFree (no cache, no statistics); on again, allocations come from the cache.
+void setCachingEnabled(bool enabled);
+bool isCachingEnabled();
 // Marks `ptr` as used by `stream` (no-op for the allocation stream).
 void recordStream(const DataPtr& ptr, VNPUStream stream);
 // Releases all unused cached segments of every device (synchronizes devices first).

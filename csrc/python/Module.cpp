@@ -8,6 +8,7 @@
 #include "../core/VNPUGraph.h"
 #include "../core/VNPUHooks.h"
 #include "../core/VNPUHostAllocator.h"
+#include "../core/VNPUPluggableAllocator.h"
 #include "../core/VNPUStream.h"
 #include "../distributed/Bindings.h"
 #include "../inductor/KernelLaunch.h"
@@ -271,6 +272,18 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(c10::vnpu::allocator::rawAlloc(n, stream));
   });
   m.def("_caching_allocator_delete", [](uintptr_t ptr) { c10::vnpu::allocator::rawDelete(reinterpret_cast<void*>(ptr)); });
+  // torch.vnpu.memory.VNPUPluggableAllocator / change_current_allocator / caching_allocator_enable.
+  m.def("_create_pluggable_allocator", [](uintptr_t alloc, uintptr_t free) {
+    return reinterpret_cast<uintptr_t>(c10::vnpu::allocator::createPluggableAllocator(
+        reinterpret_cast<c10::vnpu::allocator::PluggableAllocFn>(alloc),
+        reinterpret_cast<c10::vnpu::allocator::PluggableFreeFn>(free)));
+  });
+  m.def("_change_current_allocator", [](uintptr_t allocator) {
+    c10::vnpu::allocator::changeCurrentAllocator(reinterpret_cast<c10::DeviceAllocator*>(allocator));
+  });
+  m.def("_is_caching_allocator_current", &c10::vnpu::allocator::isCachingAllocatorCurrent);
+  m.def("_set_caching_allocator_enabled", &c10::vnpu::allocator::setCachingEnabled);
+  m.def("_is_caching_allocator_enabled", &c10::vnpu::allocator::isCachingEnabled);
   m.def("_get_memory_fraction", &c10::vnpu::allocator::getMemoryFraction);
   m.def("_reset_accumulated_memory_stats", &c10::vnpu::allocator::resetAccumulatedStats);
   m.def("_mem_get_info", [](c10::DeviceIndex d) { return c10::vnpu::allocator::get()->getMemoryInfo(d); });

@@ -80,7 +80,7 @@ _FORWARDED = (
     "reset_peak_host_memory_stats", "memory_stats_as_nested_dict", "caching_allocator_alloc",
     "caching_allocator_delete", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
     "list_gpu_processes", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "use_mem_pool",
-    "utilization", "memory_usage", "get_stream_from_external",
+    "utilization", "memory_usage", "get_stream_from_external", "caching_allocator_enable", "change_current_allocator",
 )
 _CLASSES = ("Stream", "Event", "StreamContext", "device", "device_of", "MemPool", "ExternalStream")
 # torch.cuda.memory names forwarded to torch.vnpu.memory: the public ones above (torch.cuda re-exports them from
@@ -282,6 +282,9 @@ def enable() -> torch.device:
     for name in _MEMORY_FORWARDED:
         if hasattr(vnpu.memory, name) and hasattr(cuda_memory, name):
             _save(cuda_memory, name, _forwarder(getattr(cuda_memory, name), getattr(vnpu.memory, name)))
+    # CUDAPluggableAllocator(so, alloc, free): the library's functions take a vnpuStream_t where CUDA's take a
+    # cudaStream_t (both opaque pointers).
+    _save(cuda_memory, "CUDAPluggableAllocator", vnpu.memory.VNPUPluggableAllocator)
 
     # torch.profiler with ProfilerActivity.CUDA records vnpu's device activity (PrivateUse1) instead.
     import torch.profiler.profiler as profiler

@@ -25,6 +25,8 @@ from .memory import (
     caching_allocator_delete,
     device_memory_used,
     empty_cache,
+    caching_allocator_enable,
+    change_current_allocator,
     get_allocator_backend,
     list_gpu_processes,
     max_memory_cached,
@@ -99,7 +101,7 @@ __all__ = [
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "memory_stats_as_nested_dict",
     "OutOfMemoryError", "AcceleratorError", "caching_allocator_alloc", "caching_allocator_delete",
     "is_tf32_supported", "can_device_access_peer", "device_memory_used", "get_allocator_backend",
-    "list_gpu_processes", "MemPool", "use_mem_pool", "utilization", "memory_usage", "ExternalStream", "get_stream_from_external", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory",
+    "list_gpu_processes", "MemPool", "use_mem_pool", "caching_allocator_enable", "change_current_allocator", "utilization", "memory_usage", "ExternalStream", "get_stream_from_external", "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory",
     "random", "streams",
 ] + _storage_all
 

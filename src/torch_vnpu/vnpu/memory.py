@@ -25,8 +25,11 @@ def empty_cache() -> None:
 
 def memory_stats_as_nested_dict(device=None) -> Dict[str, Any]:
     """The caching allocator's statistics as nested dicts; ``{}`` before the runtime is initialized, so that
-    querying (``memory_allocated()`` and friends give 0) does not initialize it, as ``torch.cuda``'s."""
-    if not _C._is_initialized():
+    querying (``memory_allocated()`` and friends give 0) does not initialize it, as ``torch.cuda``'s.
+
+    Raises:
+        RuntimeError: another allocator was installed with :func:`change_current_allocator` (as on CUDA)."""
+    if not _C._is_initialized() and _C._is_caching_allocator_current():
         return {}
     return _C._memory_stats(_index(device))
 
@@ -138,8 +141,60 @@ def list_gpu_processes(device=None) -> str:
 
 def get_allocator_backend() -> str:
     """The device allocator's name, as ``torch.cuda.get_allocator_backend``: ``"native"`` (vnpu's caching
-    allocator; vnpu has no other backend)."""
+    allocator), also after :func:`change_current_allocator` (as CUDA reports its configured backend)."""
     return "native"
+
+
+class VNPUPluggableAllocator:
+    """A vnpu allocator made of two functions of a shared library, as ``torch.cuda.memory.CUDAPluggableAllocator``.
+
+    Args:
+        path_to_so_file: the shared library.
+        alloc_fn_name: ``void* alloc(size_t size, int device, vnpuStream_t stream)``: ``size`` bytes of device
+            memory (e.g. from ``vnpuMalloc``, csrc/runtime/include/vnpu/runtime.h) for use on ``stream``; NULL
+            when out of memory (the allocation then raises ``torch.OutOfMemoryError``).
+        free_fn_name: ``void free(void* ptr, size_t size, int device, vnpuStream_t stream)``: called with the
+            allocation's size, device and stream when its storage dies, on the thread that drops it (autograd and
+            collectives threads too): it must be thread-safe, and must not free memory that queued work on
+            ``stream`` still uses (``vnpuFree`` waits for the device's queued work).
+
+    Install it with :func:`change_current_allocator` before the first use of a vnpu device.
+
+    Raises:
+        OSError: the library cannot be loaded. AttributeError: a function is not in it.
+    """
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str):
+        import ctypes
+
+        self._lib = ctypes.CDLL(path_to_so_file)  # kept: the functions must outlive the allocator
+        alloc = ctypes.cast(getattr(self._lib, alloc_fn_name), ctypes.c_void_p).value
+        free = ctypes.cast(getattr(self._lib, free_fn_name), ctypes.c_void_p).value
+        self._allocator = _C._create_pluggable_allocator(alloc, free)
+
+    def allocator(self) -> int:
+        """The C++ allocator (a ``c10::DeviceAllocator*``) as an integer."""
+        return self._allocator
+
+
+def change_current_allocator(allocator: VNPUPluggableAllocator) -> None:
+    """Make ``allocator`` serve every later vnpu allocation, as ``torch.cuda.memory.change_current_allocator``.
+
+    Raises:
+        RuntimeError: a vnpu device was already used ("Can't swap an already initialized allocator"). Afterwards
+            the caching allocator's statistics (``memory_stats``, ``memory_allocated``, ...), snapshots,
+            graph memory pools and ``caching_allocator_alloc`` raise RuntimeError, as with CUDA's pluggable
+            allocator; ``empty_cache`` does nothing.
+    """
+    _C._change_current_allocator(allocator.allocator())
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turn the caching allocator on or off, as ``torch.cuda.memory.caching_allocator_enable``. Off, each
+    allocation is its own device allocation (``vnpuMalloc``) and each free returns it at once (``vnpuFree``,
+    which waits for the device's queued work): memory is never cached, and such allocations are not counted in
+    the statistics. On (the default), allocations come from the cache again."""
+    _C._set_caching_allocator_enabled(bool(value))
 
 
 def mem_get_info(device=None) -> Tuple[int, int]:
