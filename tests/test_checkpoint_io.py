@@ -119,9 +119,32 @@ def test_a_file_shorter_than_its_header_says_names_the_tensor_and_frees_everythi
     assert torch.equal(torch.ones(3, device="vnpu").cpu(), torch.ones(3))  # the device and stream work on
 
 
-def test_another_device_type_is_refused(checkpoint):
+def test_another_device_type_or_a_bad_ring_is_refused(checkpoint):
     with pytest.raises(ValueError, match="vnpu devices"):
         vio.load_file(checkpoint, "cpu")
+    for kwargs in ({"chunk_bytes": -1}, {"chunk_bytes": 0}, {"slots": 0}):
+        with pytest.raises(ValueError, match="chunk_bytes and slots must be positive"):
+            vio.load_file(checkpoint, "vnpu", **kwargs)
+
+
+@pytest.mark.parametrize("code", ["F8_E8M0", "F4"])
+def test_dtypes_only_safetensors_reader_builds_load_as_on_cpu(tmp_path, code):
+    """float8_e8m0 and packed float4 have no entry in safetensors.torch's dtype table; they load as on CPU."""
+    import json
+    import struct
+
+    n = 4 if code == "F8_E8M0" else 2  # four values: one byte each, or two per byte (packed float4)
+    header = json.dumps({"x": {"dtype": code, "shape": [4], "data_offsets": [0, n]},
+                         "y": {"dtype": "F32", "shape": [2], "data_offsets": [n, n + 8]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 127, 128, 200][:n])
+                     + struct.pack("<2f", 1.5, -2.0))
+    ref = st.load_file(str(path), device="cpu")
+    out = st.load_file(str(path), device="vnpu")
+    for k, v in ref.items():
+        assert out[k].device.type == "vnpu" and out[k].dtype == v.dtype and out[k].shape == v.shape, k
+        assert torch.equal(_bits(out[k]), _bits(v)), k
 
 
 def test_a_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded(tmp_path):

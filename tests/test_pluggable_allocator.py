@@ -73,6 +73,9 @@ for name, fn in (("memory_allocated", torch.vnpu.memory_allocated), ("memory_sna
         out[name] = "no error"
     except RuntimeError as e:
         out[name] = str(e)
+free, total = torch.vnpu.mem_get_info()
+out["mem_get_info"] = 0 < free <= total and torch.accelerator.get_memory_info()[1] == total
+out["list_gpu_processes"] = torch.vnpu.list_gpu_processes().splitlines()[0]
 torch.vnpu.empty_cache()
 del x, y, loss
 torch.vnpu.synchronize()
@@ -93,6 +96,7 @@ def test_a_pluggable_allocator_serves_every_allocation(library, tmp_path):
     assert got["matmul_equal"] and got["grad_equal"], got
     for name in ("memory_allocated", "memory_snapshot"):
         assert "does not support" in got[name] and "change_current_allocator" in got[name], got[name]
+    assert got["mem_get_info"] and got["list_gpu_processes"] == "GPU:0"  # the device answers, as on CUDA
     assert got["frees"] > 0 and got["frees"] <= got["allocs"]
     # what is still alive is only what the process still holds (x.grad, a's leaf copies...): freed ones returned
     assert got["live_bytes_after_free"] < 64 * 32 * 4 * 4, got

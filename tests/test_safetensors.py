@@ -79,3 +79,14 @@ def test_safetensors_torch_imported_before_torch_is_adapted(checkpoint, tmp_path
                           capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "['vnpu:0']", proc.stdout
+
+
+def test_safetensors_own_keywords_still_work(adapter, tmp_path):
+    """The patched load_file keeps safetensors' signature (load_model passes backend=...)."""
+    m = torch.nn.Linear(4, 3)
+    st.save_model(m, str(tmp_path / "m.safetensors"))
+    fresh = torch.nn.Linear(4, 3)
+    assert st.load_model(fresh, str(tmp_path / "m.safetensors")) == (set(), [])
+    assert torch.equal(fresh.weight, m.weight)
+    on_cpu = st.load_file(str(tmp_path / "m.safetensors"), device="cpu", backend="mmap")
+    assert torch.equal(on_cpu["weight"], m.weight.detach())

@@ -74,6 +74,15 @@ class PluggableAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(DeviceIndex) override {
     TORCH_CHECK(false, "VNPUPluggableAllocator does not support resetPeakStats");
   }
+  // The device's own answer (CUDA's mem_get_info asks cudaMemGetInfo whatever the allocator).
+  std::pair<size_t, size_t> getMemoryInfo(DeviceIndex d) override {
+    size_t free_b = 0, total = 0;
+    DeviceIndex prev = ExchangeDevice(d);
+    vnpuError_t err = vnpuMemGetInfo(&free_b, &total);
+    set_device(prev);
+    VNPU_CHECK(err);
+    return {free_b, total};
+  }
 
  private:
   PluggableAllocFn alloc_;

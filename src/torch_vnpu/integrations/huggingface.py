@@ -304,13 +304,13 @@ def _patch_safetensors(device_type: str) -> None:
     orig_load = safetensors_torch.load_file
 
     @functools.wraps(orig_load)
-    def load_file(filename, device="cpu"):
+    def load_file(filename, device="cpu", **kwargs):
         index = _safetensors_device(device, device_type)  # an int: a vnpu device (safetensors: int i = device i)
         if isinstance(index, int) and not isinstance(index, bool):
             from ..io.safetensors import load_file as streamed
 
-            return streamed(filename, torch.device(device_type, index))
-        return orig_load(filename, device=device)
+            return streamed(filename, torch.device(device_type, index))  # reads itself: `backend` has no role
+        return orig_load(filename, device=device, **kwargs)
 
     _set(safetensors_torch, "load_file", load_file, f"11, load_file(device={device_type!r}) streamed")
 

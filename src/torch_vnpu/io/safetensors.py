@@ -44,18 +44,22 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         chunk_bytes, slots: the staging ring (``slots`` pinned buffers of up to ``chunk_bytes`` bytes each).
 
     Returns:
-        {name: tensor} with the file's shapes and dtypes (every dtype safetensors has), on ``device``.
+        {name: tensor} with the file's shapes and dtypes (every dtype safetensors has; those safetensors.torch
+        has no plain dtype for, such as packed float4, go through safetensors' own reader), on ``device``.
 
     Raises:
         safetensors.SafetensorError: a malformed file (header, offsets, sizes), as safetensors raises on CPU.
-        RuntimeError: an I/O error or a file shorter than its header says (truncated, or changed while read),
-            naming the file and the tensor. Nothing stays allocated: the tensors loaded so far are freed.
+        RuntimeError: an I/O error, or the file got shorter while being read, naming the file and the tensor
+            (a file already truncated is safetensors' SafetensorError). Nothing stays allocated: the tensors
+            loaded so far are freed.
         torch.OutOfMemoryError: the checkpoint does not fit; the tensors allocated so far are freed.
-        ValueError: ``device`` is not a vnpu device.
+        ValueError: ``device`` is not a vnpu device, or ``chunk_bytes`` / ``slots`` are not positive.
     """
     from safetensors.torch import _TYPES
 
     path = os.fspath(path)
+    if not (isinstance(chunk_bytes, int) and isinstance(slots, int) and chunk_bytes > 0 and slots > 0):
+        raise ValueError(f"chunk_bytes and slots must be positive integers, got {chunk_bytes!r} and {slots!r}")
     device = torch.device("vnpu", device) if isinstance(device, int) else torch.device(device)
     if device.type != "vnpu":
         raise ValueError(f"torch_vnpu.io.safetensors.load_file loads onto vnpu devices, got {device}")
@@ -64,9 +68,13 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
     start, header = _header(path)
     out: dict[str, torch.Tensor] = {}
     segments = []
+    others = []  # dtypes only safetensors' own reader builds (packed float4, float8_e8m0, ...)
     with torch.vnpu.device(device):
         try:
             for name, entry in header.items():
+                if entry["dtype"] not in _TYPES:
+                    others.append(name)
+                    continue
                 begin, end = entry["data_offsets"]
                 t = torch.empty(entry["shape"], dtype=_TYPES[entry["dtype"]], device=device)
                 out[name] = t
@@ -76,6 +84,12 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
             from .. import _C
 
             _C._read_into_device(path, segments, chunk_bytes, slots)
+            if others:
+                from safetensors import safe_open
+
+                with safe_open(path, framework="pt", device="cpu") as f:
+                    for name in others:
+                        out[name] = f.get_tensor(name).to(device)
         except BaseException:
             # Nothing stays allocated (the traceback keeps this frame): the memory goes back to the allocator,
             # stream-ordered after the uploads already queued.

@@ -59,6 +59,8 @@ _CUDA_REPLACEMENTS = {
     "set_sync_debug_mode": "torch.get_device_module(device).set_sync_debug_mode(mode) (torch.vnpu has it)",
     "get_sync_debug_mode": "torch.get_device_module(device).get_sync_debug_mode()",
     "set_per_process_memory_fraction": "torch.get_device_module(device).set_per_process_memory_fraction(f)",
+    "memory.CUDAPluggableAllocator": "torch.vnpu.memory.VNPUPluggableAllocator(so, alloc, free) on vnpu (the "
+                                     "allocator library is device-specific)",
 }
 
 # What ``from <module> import *`` binds that the check knows about.

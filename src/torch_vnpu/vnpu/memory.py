@@ -131,7 +131,8 @@ def list_gpu_processes(device=None) -> str:
 
     idx = _index(device)
     lines = [f"GPU:{idx}"]
-    reserved = memory_reserved(idx)
+    # With another allocator (change_current_allocator) the device's used memory is what this process holds.
+    reserved = memory_reserved(idx) if _C._is_caching_allocator_current() else device_memory_used(idx)
     if reserved == 0:
         lines.append("no processes are running")
     else:
