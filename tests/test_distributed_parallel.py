@@ -373,6 +373,26 @@ def _gqa_dtensor(rank, ws):
         res[name] = [dout.placements[0] == placement,
                      (dout.full_tensor() - out).abs().max().item()] + \
                     [(a.grad.full_tensor() - r.grad).abs().max().item() for a, r in zip(dt, ref)]
+
+    # Placements the strategies must not get wrong (each gave a silent wrong result once): key/value heads that do
+    # not divide the mesh (6 query / 3 key-value heads on 2 ranks), a mask sharded on the batch while the heads
+    # are (DTensor leaves a keyword argument as placed), a replicated per-head mask.
+    def dense_vs_dtensor(q, k, v, placements, mask=None, mask_placement=None):
+        kw = {"is_causal": True} if mask is None else {"attn_mask": mask}
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+        if mask is not None:
+            kw["attn_mask"] = distribute_tensor(mask, mesh, [mask_placement])
+        got = F.scaled_dot_product_attention(*(distribute_tensor(t, mesh, [p]) for t, p in zip((q, k, v), placements)),
+                                             enable_gqa=True, **kw)
+        return (got.full_tensor() - want).abs().max().item()
+
+    q6, k3, v3 = (torch.randn(2, h, seq, d, device="vnpu") for h in (6, 3, 3))
+    res["kv heads not dividing the mesh"] = [True, dense_vs_dtensor(q6, k3, v3, [Shard(1), Replicate(), Replicate()]),
+                                             dense_vs_dtensor(q6, k3, v3, [Shard(1)] * 3)]
+    res["mask sharded on the batch"] = [True, dense_vs_dtensor(q, k, v, [Shard(1)] * 3, mask, Shard(0))]
+    per_head = torch.rand(b, hq, seq, seq, device="vnpu") > 0.3
+    per_head[..., 0] = True
+    res["replicated per-head mask"] = [True, dense_vs_dtensor(q, k, v, [Shard(1)] * 3, per_head, Replicate())]
     return res
 
 
@@ -549,6 +569,27 @@ def _context_parallel(rank, ws, fsdp):
     params = [p.full_tensor() if fsdp else p for p in model.parameters()]
     return {"losses": losses, "ref_losses": ref_losses, "params": _max_diff(params, ref.parameters()),
             "local_len": ids.shape[1]}
+
+
+def _context_parallel_gqa(rank, ws):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("vnpu", (ws,))
+    q, k, v = (torch.randn(1, h, 128, 16, device="vnpu") for h in (4, 2, 2))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return "no error"
+    except NotImplementedError as e:
+        return str(e)
+
+
+def test_context_parallel_with_grouped_query_attention_raises_clearly(world):
+    """CPU's flash op (what vnpu runs for enable_gqa=True) has no ring implementation: a clear error naming the
+    workaround, not attention over an all-gathered, load-balanced sequence (a wrong result once)."""
+    for msg in world.run(_context_parallel_gqa):
+        assert "context parallelism" in msg and "repeat_interleave" in msg, msg
 
 
 def test_context_parallel_causal_lm_matches_one_process(world):
