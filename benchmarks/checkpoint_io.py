@@ -7,7 +7,7 @@ median reported, warm page cache (the files were just written and read):
   read        cat of every shard into /dev/null: the storage limit (here: the page cache)
   cpu         safetensors.torch.load_file(device="cpu") and a copy of every tensor into process memory (what a
               load to host memory costs; safetensors alone only maps the file)
-  vnpu        safetensors.torch.load_file(device="vnpu"): streamed through pinned buffers (torch_vnpu.io)
+  vnpu        safetensors.torch.load_file(device="vnpu"): streamed through pinned buffers (torch_vnpu.checkpoints)
   vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
               blocking copy per tensor)
 

@@ -274,7 +274,7 @@ BENCHMARKS = [
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
           "python benchmarks/port_overhead.py", "make bench", port_overhead),
     Bench("checkpoint_io", "Checkpoint loading",
-          "A safetensors checkpoint loaded onto vnpu (torch_vnpu.io: reads into pinned buffers, uploads queued "
+          "A safetensors checkpoint loaded onto vnpu (torch_vnpu.checkpoints: reads into pinned buffers, uploads queued "
           "as each fills) against loading it into CPU memory and against reading the files.",
           "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
     Bench("collectives", "Collectives",

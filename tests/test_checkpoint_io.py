@@ -1,4 +1,4 @@
-"""torch_vnpu.io.safetensors: safetensors files streamed onto vnpu through pinned staging buffers. Oracle: the same
+"""torch_vnpu.checkpoints.safetensors: safetensors files streamed onto vnpu through pinned staging buffers. Oracle: the same
 file loaded by safetensors onto the CPU (bitwise), safetensors' own errors for malformed files."""
 
 import os
@@ -11,7 +11,7 @@ import safetensors
 import safetensors.torch as st
 import torch
 
-from torch_vnpu.io import safetensors as vio
+from torch_vnpu.checkpoints import safetensors as vio
 
 # Every dtype safetensors maps to torch, with a few shapes each (scalars, empty, odd sizes).
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -150,7 +150,7 @@ def test_dtypes_only_safetensors_reader_builds_load_as_on_cpu(tmp_path, code):
 def test_a_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded(tmp_path):
     code = textwrap.dedent(f"""
         import torch, safetensors.torch as st
-        from torch_vnpu.io import safetensors as vio
+        from torch_vnpu.checkpoints import safetensors as vio
         st.save_file({{f"w{{i}}": torch.ones(1 << 20) for i in range(24)}}, "{tmp_path}/big.safetensors")  # 96 MiB
         before = torch.vnpu.memory_allocated()
         try:
@@ -167,7 +167,7 @@ def test_a_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded
 
 
 def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
-    code = (f"import torch\nfrom torch_vnpu.io import safetensors as vio\n"
+    code = (f"import torch\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
             f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096)\n"
             "s = sum(v.double().sum() for v in out.values() if v.is_floating_point() and not v.is_complex())\n"
             "print(torch.isfinite(s).item())\n")

@@ -132,4 +132,6 @@ def test_unknown_version_is_left_alone_with_one_warning():
     out = _last_json(proc)
     assert out["device"] == "cpu"
     assert len(out["msgs"]) == 1 and f"accelerate {out['version']} is not a version" in out["msgs"][0]
-    assert not any(n.startswith("accelerate") for n in out["patched"])
+    # accelerate's own patches are left out; safetensors' patch rebinds `safe_open` in every module that imported
+    # it by name, accelerate's included (that one is safetensors', whose version is known).
+    assert not any(n.startswith("accelerate") and not n.endswith(".safe_open") for n in out["patched"]), out

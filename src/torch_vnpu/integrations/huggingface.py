@@ -299,7 +299,7 @@ def _patch_safetensors(device_type: str) -> None:
         if getattr(module, "__dict__", {}).get("safe_open") is orig_open:  # no lazy-module __getattr__
             _set(module, "safe_open", safe_open, "7")
     # 11. load_file(path, device="vnpu") reads the whole file into vnpu memory through pinned staging buffers,
-    #     reads and uploads overlapped (torch_vnpu.io.safetensors), instead of a CPU tensor and a blocking copy
+    #     reads and uploads overlapped (torch_vnpu.checkpoints.safetensors), instead of a CPU tensor and a blocking copy
     #     per tensor. Other devices keep safetensors' own load.
     orig_load = safetensors_torch.load_file
 
@@ -307,7 +307,7 @@ def _patch_safetensors(device_type: str) -> None:
     def load_file(filename, device="cpu", **kwargs):
         index = _safetensors_device(device, device_type)  # an int: a vnpu device (safetensors: int i = device i)
         if isinstance(index, int) and not isinstance(index, bool):
-            from ..io.safetensors import load_file as streamed
+            from ..checkpoints.safetensors import load_file as streamed
 
             return streamed(filename, torch.device(device_type, index))  # reads itself: `backend` has no role
         return orig_load(filename, device=device, **kwargs)

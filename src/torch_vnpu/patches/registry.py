@@ -207,7 +207,7 @@ PATCHES: tuple[Patch, ...] = (
           ("safetensors.safe_open", "safetensors.torch.safe_open", "safetensors.torch.load_file"),
           "safe_open(device='vnpu') is refused ('device vnpu is invalid'): device strings are parsed from a fixed "
           "list, though a device index is accepted; vnpu strings are passed as the index. load_file onto vnpu "
-          "streams the file through pinned buffers (torch_vnpu.io) instead of a blocking copy per tensor.",
+          "streams the file through pinned buffers (torch_vnpu.checkpoints) instead of a blocking copy per tensor.",
           "Accept any torch device string and hand it to torch."),
     Patch("lightning.accelerator", "lightning", "2.6.6", "integration", "torch_vnpu.integrations.lightning",
           ("lightning's _AcceleratorConnector (auto accelerator, single-device strategy, precision, fsdp check)",

@@ -62,7 +62,7 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         raise ValueError(f"chunk_bytes and slots must be positive integers, got {chunk_bytes!r} and {slots!r}")
     device = torch.device("vnpu", device) if isinstance(device, int) else torch.device(device)
     if device.type != "vnpu":
-        raise ValueError(f"torch_vnpu.io.safetensors.load_file loads onto vnpu devices, got {device}")
+        raise ValueError(f"torch_vnpu.checkpoints.safetensors.load_file loads onto vnpu devices, got {device}")
     if device.index is None:
         device = torch.device("vnpu", torch.vnpu.current_device())
     start, header = _header(path)
