@@ -627,25 +627,44 @@ def _nested_future_waits(rank, ws):
     b = torch.full((4,), float(rank + 1), device="vnpu")
     nested = dist.all_reduce(a, async_op=True).get_future().then(
         lambda f: dist.all_reduce(b, async_op=True).get_future().wait()[0]).wait()
+    # A collective issued in a callback is issued in program order, before the collective the caller issues
+    # next, on every rank (NCCL's futures run then() inline): with rank 1 late, callbacks that ran on a
+    # completion thread reduced y with z (y = 210/120, z = 120/210).
+    x = torch.ones(4, device="vnpu")
+    y = torch.full((4,), 10.0 * (rank + 1), device="vnpu")
+    z = torch.full((4,), 100.0 * (rank + 1), device="vnpu")
+    f = dist.all_reduce(x, async_op=True).get_future().then(
+        lambda _: dist.all_reduce(y, async_op=True).get_future().wait())
+    if rank == 1:
+        time.sleep(0.5)
+    dist.all_reduce(z)
+    f.wait()
+    order = (y.tolist(), z.tolist())
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("vnpu"))
+    # several buckets: PowerSGD's hook issues collectives from callbacks while the backward pass issues the
+    # next bucket's
+    model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)) for _ in range(4)],
+                              nn.Linear(16, 4)).to("vnpu"), bucket_cap_mb=0.001)
     model.register_comm_hook(powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
                              powersgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    for _ in range(4):  # steps 3 and 4 compress (nested futures inside the hook)
+    for _ in range(8):  # steps 3 to 8 compress (nested futures inside the hook)
         opt.zero_grad()
         model(torch.randn(8, 16, generator=g).to("vnpu")).square().mean().backward()
         opt.step()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     gathered = [torch.empty_like(params) for _ in range(ws)]
     dist.all_gather(gathered, params)
-    return nested.tolist(), a.tolist(), all(torch.equal(gathered[0], x) for x in gathered), bool(params.isfinite().all())
+    return (nested.tolist(), a.tolist(), order, len(model.reducer._get_zeros_like_grad_buckets()),
+            all(torch.equal(gathered[0], p) for p in gathered), bool(params.isfinite().all()))
 
 
 def test_a_callback_may_wait_for_another_collective(world):
-    for nested, a, same, finite in world.run(_nested_future_waits, timeout=120):
+    for nested, a, order, buckets, same, finite in world.run(_nested_future_waits, timeout=120):
         assert nested == [3.0] * 4 and a == [2.0] * 4  # 1 + 2 and 1 + 1
+        assert order == ([30.0] * 4, [300.0] * 4), order
+        assert buckets > 1, buckets
         assert same and finite  # DDP with PowerSGD: replicas stay identical
 
 

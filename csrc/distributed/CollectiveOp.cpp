@@ -34,6 +34,9 @@ void CollectiveOp::finish(const std::string& error, int source_rank) {
     if (state_ == State::kDone || state_ == State::kFailed) return;
     state_ = error.empty() ? State::kDone : State::kFailed;
     error_ = error;
+    if (!error.empty() && !group_ranks_note.empty() && error.find(group_ranks_note) == std::string::npos) {
+      error_ += group_ranks_note;
+    }
     if (source_rank >= 0) source_rank_ = source_rank;
     finished_ = Clock::now();
     callbacks.swap(on_finish_);

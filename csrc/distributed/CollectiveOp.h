@@ -74,6 +74,8 @@ struct CollectiveOp {
   bool monitored = false;          // BARRIER: monitored_barrier (names the ranks that miss it)
   bool wait_all_ranks = false;     // monitored_barrier(wait_all_ranks=True)
   std::vector<std::shared_ptr<CollectiveOp>> batch;
+  // A subgroup's errors name group ranks; finish() appends this note, which maps them to global ranks.
+  std::string group_ranks_note;
   // Sanitizer only: recorded on the issuing stream right after the ready task,
   // where the op's accesses are declared. Gates wait on it so the stream that
   // calls Work.wait() is ordered after those accesses (docs/sanitizer.md).

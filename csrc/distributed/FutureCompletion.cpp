@@ -62,6 +62,17 @@ void FutureCompletion::complete(Pending& p, const std::string& reason) {
   }
 }
 
+void FutureCompletion::completeAtIssue(const OpPtr& op, const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                                       const std::vector<at::Tensor>& outputs, c10::Stream stream) {
+  if (op->state() == CollectiveOp::State::kFailed) {
+    future->setError(std::make_exception_ptr(
+        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, op->error())));
+    return;
+  }
+  c10::StreamGuard guard(stream);
+  future->markCompleted(c10::IValue(outputs));
+}
+
 void FutureCompletion::add(const OpPtr& op, c10::intrusive_ptr<c10::ivalue::Future> future,
                            std::vector<at::Tensor> outputs, c10::Stream stream) {
   Pending p{op, std::move(future), std::move(outputs), stream};

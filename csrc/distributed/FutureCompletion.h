@@ -1,28 +1,32 @@
-// FutureCompletion: completes the Futures of vccl operations (Work::getFuture)
-// once the operations have finished: with the output tensors, or with the
-// operation's error.
+// FutureCompletion: completes the Futures of vccl operations (Work::getFuture).
 //
-// Note [vccl futures carry the outcome]
-// A Future completed at issue time (stream-ordered, as WorkNCCL's) would hand
-// its consumer the output tensors even when the collective then failed: DDP's
-// reducer and comm hooks' then() would read the *un-reduced* gradients and
-// training would go on as if they had been averaged. So a vccl future
-// completes only when its operation did: `wait()` blocks the host until then
-// and raises the operation's DistBackendError if it failed (a dead peer, a
-// timeout), and then() callbacks see that exception. A successful future's
-// events are recorded on the group's hold stream (Note [vccl memory
-// lifetime]), which is ordered after the operation.
+// Note [vccl futures complete at issue]
+// A vccl future completes when its operation is issued, as WorkNCCL's does:
+// with the output tensors, its events recorded on the group's hold stream
+// after the operation's gate (Note [vccl memory lifetime]), so whoever reads
+// the outputs does so in stream order, after the operation finished. then()
+// callbacks therefore run inline, on the thread that calls then(): a
+// collective issued in a callback (PowerSGD's DDP hook) is issued in program
+// order on every rank. (Completing when the operation finished ran callbacks
+// on completion threads, racing the caller's next collective: ranks issued
+// them in different orders and reduced unrelated tensors together.)
+// A future completed before its operation failed cannot carry the error; the
+// hold stream's gate reports it as the device's pending error, so the next
+// synchronization (.item(), .cpu(), synchronize()) raises it, and every later
+// collective of the group raises "failed earlier" when issued.
+// One exception: under VNPU_LAUNCH_BLOCKING=1 a point-to-point operation has
+// no gate (a blocking gate would deadlock a send/recv pair), so its future
+// completes when the operation finished, on a completion thread (add()).
 //
 // Held by shared_ptr: an op may finish after its group is gone.
 // Threads: add() from the issuing thread; completion threads of the process
 // group run markCompleted/setError, and with them the futures' callbacks
 // (Python callbacks take the GIL there; never on the progress thread or a
 // stream worker, which must not wait for the GIL). CollectiveOp::finish()
-// only wakes them. A callback may wait for another collective of the group
-// (PowerSGD's hook: all_reduce(...).get_future().wait() inside then()), so a
-// thread about to run callbacks first makes sure another one is waiting to
-// complete the rest (at most kMaxThreads: the depth of such nesting). `mu_`
-// guards pending_, stop_, idle_ and threads_.
+// only wakes them. A thread about to run callbacks first makes sure another
+// one is waiting to complete the rest (at most kMaxThreads: the depth of
+// callbacks waiting for later operations). `mu_` guards pending_, stop_,
+// idle_ and threads_.
 #pragma once
 
 #include "CollectiveOp.h"
@@ -47,6 +51,11 @@ class FutureCompletion : public std::enable_shared_from_this<FutureCompletion> {
   FutureCompletion& operator=(const FutureCompletion&) = delete;
   ~FutureCompletion();
 
+  // Completes `future` now (Note [vccl futures complete at issue]): with
+  // `outputs`, events recorded on `stream`, or with the op's error if it has
+  // already failed.
+  static void completeAtIssue(const OpPtr& op, const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                              const std::vector<at::Tensor>& outputs, c10::Stream stream);
   // Completes `future` with `outputs` (events on `stream`) once `op` finished,
   // or with its error. An op that already finished completes in this call.
   void add(const OpPtr& op, c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs,

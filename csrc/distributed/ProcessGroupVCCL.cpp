@@ -159,6 +159,15 @@ ProcessGroupVCCL::ProcessGroupVCCL(c10::intrusive_ptr<Store> store, int rank, in
     : Backend(rank, size), store_(std::move(store)), options_(std::move(options)), gloo_(std::move(gloo)) {
   TORCH_CHECK_VALUE(gloo_, "vccl: a Gloo backend is required");
   if (!checksEnabledByEnv()) options_->check_args = false;
+  const auto& global = options_->global_ranks_in_group;
+  bool identity = global.empty() || static_cast<int>(global.size()) == size;
+  for (size_t i = 0; identity && i < global.size(); ++i) identity = global[i] == static_cast<uint64_t>(i);
+  if (!identity) {
+    std::string list;
+    for (size_t i = 0; i < global.size(); ++i) list += c10::str(i ? ", " : "", global[i]);
+    group_ranks_note_ = c10::str(" (ranks are ranks of process group ", options_->group_name,
+                                 ", whose global ranks are [", list, "])");
+  }
   engine_ = std::make_unique<ProgressEngine>(options_->group_name);
   ProgressEngine* engine = engine_.get();
   auto gloo_transport = std::make_shared<GlooTransport>(gloo_, rank, size, options_->check_args,
@@ -210,6 +219,7 @@ OpPtr ProcessGroupVCCL::newOp(OpType type, const char* name, std::chrono::millis
   op->type = type;
   op->name = name;
   op->timeout = timeoutOf(timeout, options_->timeout);
+  op->group_ranks_note = group_ranks_note_;
   if (!isP2P(type)) op->seq = ++seq_;
   return op;
 }
@@ -227,6 +237,17 @@ c10::DeviceIndex ProcessGroupVCCL::deviceOf(const std::vector<Tensor>& tensors, 
                       " but this process group is bound to ", *bound, " (init_process_group(device_id=...))");
   }
   return device.index();
+}
+
+void ProcessGroupVCCL::completeFuture(const OpPtr& op, const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                                      const std::vector<Tensor>& outputs, c10::DeviceIndex device) {
+  if (!launchBlocking()) {
+    FutureCompletion::completeAtIssue(op, future, outputs, holdStream(device).unwrap());
+  } else if (op->completed()) {
+    FutureCompletion::completeAtIssue(op, future, outputs, c10::vnpu::getCurrentVNPUStream(device).unwrap());
+  } else {
+    futures_->add(op, future, outputs, c10::vnpu::getCurrentVNPUStream(device).unwrap());  // p2p, no gate
+  }
 }
 
 c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex device, const std::vector<Tensor>& tensors,
@@ -297,7 +318,7 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
       C10_THROW_ERROR(DistBackendError, op->error());
     }
   }
-  futures_->add(op, future, outputs, launchBlocking() ? stream.unwrap() : hold.unwrap());
+  completeFuture(op, future, outputs, device);
   return c10::make_intrusive<WorkVCCL>(op, rank_, dev, std::move(outputs), future, blocking);
 }
 
@@ -673,9 +694,8 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::endCoalescing() {
   }
   if (members.empty()) op->finish();
   auto work = issue(op, device, tensors, outputs);
-  // Members' futures complete with the batch (same stream order as its future).
-  VNPUStream hold = launchBlocking() ? c10::vnpu::getCurrentVNPUStream(device) : holdStream(device);
-  for (auto& m : members) futures_->add(m.op, m.future, m.outputs, hold.unwrap());
+  // Members' futures complete as the batch's (same stream order).
+  for (auto& m : members) completeFuture(m.op, m.future, m.outputs, device);
   return work;
 }
 

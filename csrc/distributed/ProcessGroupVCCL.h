@@ -17,8 +17,8 @@
 //     blocks that stream until the op completed: later kernels see the
 //     results; the host does not block (barrier() does, as NCCL's, and so
 //     does wait(timeout) with an explicit timeout). Work::getFuture()
-//     completes when the op did, with its outputs or its error (Note [vccl
-//     futures carry the outcome], FutureCompletion.h).
+//     completes at issue, stream-ordered after the op (Note [vccl futures
+//     complete at issue], FutureCompletion.h).
 // A blocking transfer on a stream worker would deadlock: with send-then-recv
 // on both ranks each worker would sit in its send while the receive it needs
 // waits behind it in the peer's queue. Here sends are posted and awaited off
@@ -142,6 +142,9 @@ class ProcessGroupVCCL : public Backend {
   struct Issued;
   OpPtr newOp(OpType type, const char* name, std::chrono::milliseconds timeout);
   // Publishes `op` (see Note [vccl execution model]); `tensors`: every tensor it touches.
+  // Completes an op's future (Note [vccl futures complete at issue]).
+  void completeFuture(const OpPtr& op, const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                      const std::vector<at::Tensor>& outputs, c10::DeviceIndex device);
   c10::intrusive_ptr<Work> issue(OpPtr op, c10::DeviceIndex device, const std::vector<at::Tensor>& tensors,
                                  std::vector<at::Tensor> outputs, bool blocking = false);
   c10::DeviceIndex deviceOf(const std::vector<at::Tensor>& tensors, const char* fn);
@@ -151,8 +154,9 @@ class ProcessGroupVCCL : public Backend {
   c10::intrusive_ptr<Options> options_;
   c10::intrusive_ptr<Backend> gloo_;
   std::unique_ptr<ProgressEngine> engine_;
-  std::shared_ptr<FutureCompletion> futures_ = std::make_shared<FutureCompletion>();  // Note [vccl futures carry the outcome]
+  std::shared_ptr<FutureCompletion> futures_ = std::make_shared<FutureCompletion>();  // Note [vccl futures complete at issue]
   std::string transport_name_;
+  std::string group_ranks_note_;   // Note on CollectiveOp::group_ranks_note; empty for a group of all ranks
   uint64_t seq_ = 0;              // collectives issued (calling thread only, as c10d requires)
 
   // Coalescing (startCoalescing .. endCoalescing), calling thread only.

@@ -10,11 +10,11 @@
 //    wait(timeout) with an explicit timeout blocks the host up to it and
 //    raises DistBackendError if the operation has not completed (as
 //    WorkNCCL's).
-//  * getFuture(): a Future that completes when the operation did, with the
-//    output tensors (events on the group's hold stream) or with the
-//    operation's DistBackendError: wait() raises it, then() callbacks see it
-//    (Note [vccl futures carry the outcome], FutureCompletion.h). DDP's
-//    reducer therefore raises instead of reading un-reduced gradients.
+//  * getFuture(): a Future completed at issue with the output tensors, its
+//    events on the group's hold stream after the operation's gate, as
+//    WorkNCCL's (Note [vccl futures complete at issue], FutureCompletion.h):
+//    then() callbacks run inline, so collectives issued in them keep program
+//    order; a failure surfaces at the next synchronization.
 // Errors surface on the host at wait() when the operation already failed,
 // otherwise from the gate at the stream's next synchronization
 // (torch.AcceleratorError naming the operation). A failed operation nobody
