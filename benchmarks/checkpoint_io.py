@@ -1,4 +1,5 @@
-"""Loading a safetensors checkpoint onto vnpu, against loading it to CPU memory and against reading the files.
+"""Loading a safetensors checkpoint onto vnpu and saving it from vnpu, against the same with CPU memory and against
+reading the files.
 
 A checkpoint of --size MiB in --shards files (float32/bfloat16 tensors of a transformer's shapes) is generated in
 a temporary directory. Each way of loading runs in a fresh process (its peak RSS is its own), --repeats times,
@@ -10,6 +11,12 @@ median reported, warm page cache (the files were just written and read):
   vnpu        safetensors.torch.load_file(device="vnpu"): streamed through pinned buffers (torch_vnpu.checkpoints)
   vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
               blocking copy per tensor)
+
+and saving the loaded checkpoint (each shard to a new file; the load is not timed):
+
+  save_cpu        safetensors.torch.save_file of CPU tensors
+  save_vnpu       safetensors.torch.save_file of vnpu tensors: downloaded into pinned buffers, written as each lands
+  save_vnpu_copy  the per-tensor path it replaces: safetensors' own save (a blocking copy of each tensor to CPU)
 
 Ratios: vnpu / cpu and read bandwidth fraction (read time / vnpu time). Host RSS of a vnpu load counts the device
 memory too (the vNPU's memory is this process's): "host overhead" is peak RSS minus the checkpoint's bytes.
@@ -44,6 +51,15 @@ elif how == "vnpu":
 elif how == "vnpu_copy":
     load = getattr(st.load_file, "__wrapped__", st.load_file)  # safetensors' own load_file
     out = [load(p, device=0) for p in paths]  # device 0: the accelerator's device 0
+    torch.vnpu.synchronize()
+else:  # save_*: load untimed, then save every shard to a new file
+    out = [st.load_file(p, device="cpu" if how == "save_cpu" else "vnpu") for p in paths]
+    out = [{k: v.clone() for k, v in d.items()} for d in out]  # own memory, not the mapped file
+    torch.vnpu.synchronize()
+    save = getattr(st.save_file, "__wrapped__", st.save_file) if how == "save_vnpu_copy" else st.save_file
+    t0 = time.perf_counter()
+    for p, d in zip(paths, out):
+        save(d, p + ".saved")
     torch.vnpu.synchronize()
 seconds = time.perf_counter() - t0
 nbytes = sum(v.numel() * v.element_size() for d in out for v in d.values())
@@ -115,7 +131,8 @@ def main(argv=None):
         results = {}
         dropped = None
         for cache in caches:
-            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": []}
+            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": [], "save_cpu": [], "save_vnpu": [],
+                    "save_vnpu_copy": []}
             rss = {"cpu": [], "vnpu": [], "vnpu_copy": []}
             for _ in range(args.repeats):
                 for how in rows:
@@ -128,7 +145,8 @@ def main(argv=None):
                     else:
                         r = _child(how, paths)
                         rows[how].append(r["seconds"])
-                        rss[how].append(r["peak_rss"])
+                        if how in rss:
+                            rss[how].append(r["peak_rss"])
             med = {k: statistics.median(v) for k, v in rows.items()}
             results[cache] = {
                 "seconds": med,
@@ -136,6 +154,8 @@ def main(argv=None):
                 "vnpu_over_cpu": med["vnpu"] / med["cpu"],
                 "vnpu_copy_over_cpu": med["vnpu_copy"] / med["cpu"],
                 "read_bandwidth_fraction": med["read"] / med["vnpu"],
+                "save_vnpu_over_cpu": med["save_vnpu"] / med["save_cpu"],
+                "save_vnpu_copy_over_cpu": med["save_vnpu_copy"] / med["save_cpu"],
                 "peak_rss_mib": {k: statistics.median(v) / (1 << 20) for k, v in rss.items()},
                 "host_overhead_mib": {k: (statistics.median(v) - total) / (1 << 20) for k, v in rss.items()},
             }
@@ -149,13 +169,15 @@ def main(argv=None):
     for cache, r in results.items():
         print(f"\n{cache} page cache" + ("" if cache == "warm" else f" (dropped: {dropped})"))
         print(f"{'path':<10} {'s':>7} {'GiB/s':>7} {'peak RSS MiB':>13} {'host overhead MiB':>18}")
-        for k in ("read", "cpu", "vnpu", "vnpu_copy"):
+        for k in rows:
             rss_ = r["peak_rss_mib"].get(k)
             ovh = r["host_overhead_mib"].get(k)
             print(f"{k:<10} {r['seconds'][k]:7.3f} {r['gib_per_s'][k]:7.2f} "
                   f"{'' if rss_ is None else f'{rss_:13.0f}'} {'' if ovh is None else f'{ovh:18.0f}'}")
         print(f"vnpu / cpu = {r['vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = {r['vnpu_copy_over_cpu']:.2f}x, "
               f"read bandwidth reached = {100 * r['read_bandwidth_fraction']:.0f}%")
+        print(f"save: vnpu / cpu = {r['save_vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = "
+              f"{r['save_vnpu_copy_over_cpu']:.2f}x")
 
 
 if __name__ == "__main__":

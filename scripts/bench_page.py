@@ -230,6 +230,13 @@ def checkpoint_io(d):
                 f"per-tensor copy / cpu = {ratio(r['vnpu_copy_over_cpu'])}, "
                 f"{100 * r['read_bandwidth_fraction']:.0f}% of the read bandwidth.", ""]
         out += table(["load", "s", "GiB/s", "peak RSS MiB", "RSS beyond the checkpoint MiB"], rows)
+        if "save_vnpu_over_cpu" in r:
+            out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}, per-tensor copy / cpu = "
+                    f"{ratio(r['save_vnpu_copy_over_cpu'])}.", ""]
+            out += table(["save", "s", "GiB/s"], [
+                (label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2))
+                for k, label in (("save_cpu", "from CPU memory"), ("save_vnpu", "from vnpu, streamed"),
+                                 ("save_vnpu_copy", "from vnpu, a copy per tensor (before)"))])
     return out + [f"A {d['checkpoint_bytes'] / MIB:.0f} MiB checkpoint in {plural(d['shards'], 'shard')}; "
                   "each load in a fresh process (median). A vnpu load's RSS includes the device memory (the "
                   "vNPU's memory is the process's).", ""]
@@ -273,9 +280,10 @@ BENCHMARKS = [
           "The cost of port mode (torch_vnpu.port): the same vnpu work with `device=\"cuda\"` through port mode "
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
           "python benchmarks/port_overhead.py", "make bench", port_overhead),
-    Bench("checkpoint_io", "Checkpoint loading",
+    Bench("checkpoint_io", "Checkpoint loading and saving",
           "A safetensors checkpoint loaded onto vnpu (torch_vnpu.checkpoints: reads into pinned buffers, uploads queued "
-          "as each fills) against loading it into CPU memory and against reading the files.",
+          "as each fills) against loading it into CPU memory and against reading the files; and saved from vnpu "
+          "(downloads into pinned buffers, written as each lands) against saving it from CPU memory.",
           "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
     Bench("collectives", "Collectives",
           "Collectives of vccl on vnpu tensors against gloo on CPU tensors, in the same processes. The ratio is "

@@ -174,3 +174,95 @@ def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, VNPU_SANITIZE="1"), cwd=str(tmp_path))
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- saving
+
+def _safetensors_own_save(tensors, path, metadata=None):
+    """safetensors' save_file itself (the adapter's wrapper keeps it as __wrapped__), from CPU copies."""
+    save = getattr(st.save_file, "__wrapped__", st.save_file)
+    save({k: v.cpu() for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize("chunk_bytes,slots", [(7, 1), (4096, 3), (16 << 20, 4)])
+def test_save_file_writes_the_bytes_safetensors_writes(tmp_path, chunk_bytes, slots):
+    """Every dtype, scalars, empty tensors, a non-ASCII name, metadata, tensors on two devices and the CPU: the
+    file equals safetensors' own, byte for byte (header, order, padding, data)."""
+    state = {k: v.to("vnpu:1" if i % 3 == 0 else "vnpu") if i % 5 else v for i, (k, v) in enumerate(_state().items())}
+    state["é.名"] = torch.arange(5.0, device="vnpu")
+    _safetensors_own_save(state, tmp_path / "ref.safetensors", {"format": "pt"})
+    vio.save_file(state, tmp_path / "out.safetensors", {"format": "pt"}, chunk_bytes=chunk_bytes, slots=slots)
+    assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["out.safetensors", "ref.safetensors"]  # no temporary file left
+
+
+def test_safetensors_save_file_and_save_model_of_vnpu_tensors_use_the_streamed_writer(tmp_path, monkeypatch):
+    calls = []
+    real = vio.save_file
+    monkeypatch.setattr(vio, "save_file", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied: save_model drops the duplicate
+    model.to("vnpu")
+    st.save_model(model, str(tmp_path / "model.safetensors"))
+    st.save_file({"w": model[0].weight.detach()}, str(tmp_path / "w.safetensors"))
+    assert calls == [str(tmp_path / "model.safetensors"), str(tmp_path / "w.safetensors")]
+    back = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    back[1].weight = back[0].weight
+    st.load_model(back, str(tmp_path / "model.safetensors"))
+    assert torch.equal(back[0].weight, model[0].weight.cpu())
+    assert torch.equal(st.load_file(str(tmp_path / "w.safetensors"))["w"], model[0].weight.cpu())
+    # a CPU-only dict is safetensors' own business
+    st.save_file({"c": torch.ones(2)}, str(tmp_path / "c.safetensors"))
+    assert len(calls) == 2
+
+
+def test_save_file_saves_the_values_as_of_the_call(tmp_path):
+    """Downloads are queued on the tensors' stream: work queued before the call is in the file, work queued after it
+    is not (a busy stream holds both back until after save_file was called)."""
+    x = torch.zeros(1 << 16, device="vnpu")
+    torch.vnpu._sleep(100_000_000)
+    x.add_(1)  # queued before the save
+    vio.save_file({"x": x}, tmp_path / "x.safetensors", chunk_bytes=4096, slots=2)
+    x.add_(1)  # after
+    assert st.load_file(str(tmp_path / "x.safetensors"))["x"].unique().tolist() == [1.0]
+    assert x.unique().tolist() == [2.0]
+
+
+def test_save_file_refuses_what_safetensors_refuses(tmp_path):
+    x = torch.arange(12.0, device="vnpu").reshape(3, 4)
+    with pytest.raises(ValueError, match="non contiguous"):
+        vio.save_file({"t": x.t()}, tmp_path / "a.safetensors")
+    with pytest.raises(RuntimeError, match="share memory"):
+        vio.save_file({"a": x, "b": x[0]}, tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="metadata"):
+        vio.save_file({"a": x}, tmp_path / "a.safetensors", {"n": 1})
+    with pytest.raises(ValueError, match="positive"):
+        vio.save_file({"a": x}, tmp_path / "a.safetensors", chunk_bytes=0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_save_names_the_file_and_keeps_the_earlier_one(tmp_path):
+    """A write that fails midway (here: the file size limit, as a full disk would) raises naming the file and the
+    tensor; the checkpoint saved earlier at that path is untouched and no temporary file is left."""
+    code = textwrap.dedent(f"""
+        import os, resource, signal, torch
+        from torch_vnpu.checkpoints import safetensors as vio
+        path = "{tmp_path}/model.safetensors"
+        with open(path, "wb") as f:
+            f.write(b"earlier checkpoint")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        state = {{"a": torch.ones(1 << 16, device="vnpu"), "b": torch.ones(1 << 19, device="vnpu")}}
+        try:
+            vio.save_file(state, path, chunk_bytes=1 << 18)
+            print("saved")
+        except RuntimeError as e:
+            print("error" if path in str(e) and "tensor 'b'" in str(e) else str(e))
+        print(open(path, "rb").read().decode(), sorted(os.listdir("{tmp_path}")))
+        print(state["b"].sum().item())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["error", "earlier checkpoint ['model.safetensors']", str(float(1 << 19))], \
+        proc.stdout

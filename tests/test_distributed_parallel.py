@@ -670,6 +670,22 @@ def _dcp(rank, ws, path):
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
     full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    # async_save stages a copy at the call: the optimizer steps taken while it writes are not in it
+    fut = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path + "-async")
+    for _ in range(3):
+        model(torch.randn(4, 8, device=dev)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    fut.result()
+    moved = max((v.full_tensor().cpu() - full[k]).abs().max().item() for k, v in model.state_dict().items())
+    fresh = _small(seed=9).to(dev)
+    for m in fresh:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(fresh)
+    asd = fresh.state_dict()
+    dcp.load({"model": asd}, checkpoint_id=path + "-async")
+    async_diff = max((asd[k].full_tensor().cpu() - full[k]).abs().max().item() for k in full)
     # load into a differently sharded model (tensor parallel on the same ranks)
     mesh = init_device_mesh("vnpu", (ws,))
     tp = _small(seed=5).to(dev)
@@ -678,21 +694,23 @@ def _dcp(rank, ws, path):
     dcp.load({"model": sd}, checkpoint_id=path)
     tp.load_state_dict(sd)
     diff = max((tp.state_dict()[k].full_tensor().cpu() - full[k]).abs().max().item() for k in full)
-    return shards, diff, full
+    return shards, diff, full, async_diff, moved
 
 
 def test_distributed_checkpoint_reshard_and_load_on_cpu(world, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    res = world.run(_dcp, str(tmp_path))
+    res = world.run(_dcp, str(tmp_path / "ckpt"))
     assert res[1][0]["2.bias"] == (0,)  # rank 1 holds an empty shard
     assert res[0][1] == res[1][1] == 0.0
+    for r in res:  # async_save: what was staged at the call, although training went on
+        assert r[3] == 0.0 and r[4] > 1e-3, r[3:]
     # this (pytest) process has no process group: DCP loads the checkpoint on CPU in one process
     with torch.random.fork_rng():  # (leave this process's generator as later tests expect it)
         cpu = _small(seed=7)
     sd = {"model": cpu.state_dict()}
     with pytest.warns(UserWarning, match="single process"):
-        dcp.load(sd, checkpoint_id=str(tmp_path))
+        dcp.load(sd, checkpoint_id=str(tmp_path / "ckpt"))
     cpu.load_state_dict(sd["model"])
     for k, v in res[0][2].items():
         assert torch.equal(cpu.state_dict()[k], v), k

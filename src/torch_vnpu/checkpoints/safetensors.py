@@ -1,9 +1,12 @@
-"""Loading a safetensors file onto vnpu: read in chunks into pinned buffers, uploaded as each fills.
+"""safetensors files to and from vnpu memory through a bounded ring of pinned buffers.
 
-The file is validated by safetensors itself (same errors as a CPU load), tensors are allocated on the device, and
-the data region is read with plain reads (not mmap) into a bounded ring of pinned buffers whose uploads are queued
-on the current stream: host memory stays within ``slots x chunk_bytes`` beyond the result, and work queued on the
-stream afterwards sees the bytes (the call returns once the last upload is queued).
+Loading: the file is validated by safetensors itself (same errors as a CPU load), tensors are allocated on the
+device, and the data region is read with plain reads (not mmap) into the ring, each buffer's upload queued on the
+current stream as it fills: host memory stays within ``slots x chunk_bytes`` beyond the result, and work queued on
+the stream afterwards sees the bytes (the call returns once the last upload is queued).
+
+Saving: the file safetensors would write (same header, same layout), the tensors' bytes downloaded into the ring
+on their devices' current streams (after the work queued there) and written out as each download lands.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import struct
 
 import torch
 
-__all__ = ["load_file"]
+__all__ = ["load_file", "save_file"]
 
 _CHUNK_BYTES = 16 << 20
 _SLOTS = 4
@@ -99,3 +102,89 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         if dtype is not None:
             out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
     return out
+
+
+_dtype_rank: dict[str, int] | None = None
+
+
+def _safetensors_order() -> dict[str, int]:
+    """safetensors' layout order of its dtypes (it writes tensors by descending dtype, then by name), read from a
+    file safetensors writes, not restated here."""
+    global _dtype_rank
+    if _dtype_rank is None:
+        from safetensors.torch import _TYPES, save
+
+        probe = {code: torch.zeros(8, dtype=torch.uint8).view(dt) for code, dt in _TYPES.items() if dt.itemsize <= 8}
+        data = save(probe)
+        (n,) = struct.unpack("<Q", data[:8])
+        _dtype_rank = {entry["dtype"]: i for i, entry in enumerate(json.loads(data[8:8 + n]).values())}
+    return _dtype_rank
+
+
+def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str] | None = None,
+              *, chunk_bytes: int = _CHUNK_BYTES, slots: int = _SLOTS) -> None:
+    """Save tensors (on vnpu devices, or on the CPU) as ``safetensors.torch.save_file`` does, byte for byte.
+
+    The tensors' bytes are downloaded into ``slots`` pinned buffers of up to ``chunk_bytes`` bytes on their devices'
+    current streams, after the work queued there (what the tensors hold as of the call's position in stream
+    order), and written as each download lands: host memory stays within ``slots x chunk_bytes`` (no CPU copy of
+    each tensor). The file is written under a temporary name next to ``filename`` and renamed over it at the end.
+
+    Args:
+        tensors: {name: tensor}; contiguous, dense, not sharing memory (as safetensors requires).
+        filename: the ``.safetensors`` file to write.
+        metadata: text-only metadata for the header (``{str: str}``).
+        chunk_bytes, slots: the staging ring.
+
+    Raises:
+        ValueError: not a dict of tensors, a sparse or non-contiguous tensor (safetensors' messages), a
+            non-string metadata entry, or ``chunk_bytes`` / ``slots`` not positive.
+        RuntimeError: tensors sharing memory (safetensors' message), or an I/O error naming the file and the
+            tensor; an earlier file at ``filename`` is then left as it was.
+    """
+    from safetensors.torch import _TYPES, _evaluate_tensors_for_save
+
+    if not (isinstance(chunk_bytes, int) and isinstance(slots, int) and chunk_bytes > 0 and slots > 0):
+        raise ValueError(f"chunk_bytes and slots must be positive integers, got {chunk_bytes!r} and {slots!r}")
+    _evaluate_tensors_for_save(tensors)
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError(f"metadata must be a dict of str to str, got {metadata!r}")
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"You are trying to save a non contiguous tensor: `{name}` which is not allowed; call "
+                             "`.contiguous()` on it first (safetensors' rule).")
+        if t.device.type not in ("cpu", "vnpu"):
+            raise ValueError(f"tensor `{name}` is on {t.device}; this writer saves vnpu and CPU tensors")
+    codes = {dt: code for code, dt in _TYPES.items()}
+    rank = _safetensors_order()
+    order = sorted(tensors, key=lambda k: (rank[codes[tensors[k].dtype]], k))
+    header: dict = {} if metadata is None else {"__metadata__": metadata}
+    offset = 0
+    sources = []
+    for name in order:
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        if nbytes:
+            sources.append((t.data_ptr(), nbytes, t.device.index if t.device.type == "vnpu" else -1, name))
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)
+    from .. import _C
+
+    _C._write_from_device(os.fspath(filename), struct.pack("<Q", len(raw)) + raw, sources, chunk_bytes, slots)
+
+
+def can_save(tensors: object) -> bool:
+    """Whether save_file writes these tensors (a dict with a vnpu tensor, every tensor of a dtype safetensors.torch
+    names, on vnpu or the CPU); otherwise safetensors' own save_file is the one to call."""
+    from safetensors.torch import _TYPES
+
+    if not isinstance(tensors, dict) or not tensors:
+        return False
+    values = list(tensors.values())
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    known = set(_TYPES.values())
+    return (any(v.device.type == "vnpu" for v in values)
+            and all(v.device.type in ("cpu", "vnpu") and v.dtype in known for v in values))

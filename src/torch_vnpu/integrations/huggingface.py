@@ -313,6 +313,21 @@ def _patch_safetensors(device_type: str) -> None:
         return orig_load(filename, device=device, **kwargs)
 
     _set(safetensors_torch, "load_file", load_file, f"11, load_file(device={device_type!r}) streamed")
+    # 12. save_file of vnpu tensors: downloaded through pinned buffers and written as they land
+    #     (torch_vnpu.checkpoints.safetensors), the same bytes as safetensors writes, instead of a blocking copy
+    #     of each tensor to fresh CPU memory. CPU-only dicts and dtypes safetensors.torch does not name (packed
+    #     float4, ...) keep safetensors' own save. save_model calls this name.
+    orig_save = safetensors_torch.save_file
+
+    @functools.wraps(orig_save)
+    def save_file(tensors, filename, metadata=None, **kwargs):
+        from ..checkpoints.safetensors import can_save, save_file as streamed
+
+        if not kwargs and can_save(tensors):
+            return streamed(tensors, filename, metadata)
+        return orig_save(tensors, filename, metadata, **kwargs)
+
+    _set(safetensors_torch, "save_file", save_file, "12, save_file of vnpu tensors streamed")
 
 
 def _installed(name: str) -> bool:

@@ -204,10 +204,12 @@ PATCHES: tuple[Patch, ...] = (
           ("peft.utils.other.infer_device",), "infer_device falls back to the CPU for unlisted devices.",
           "Ask torch.accelerator where the list ends."),
     Patch("huggingface.safetensors", "safetensors", "0.8.0", "integration", "torch_vnpu.integrations.huggingface",
-          ("safetensors.safe_open", "safetensors.torch.safe_open", "safetensors.torch.load_file"),
+          ("safetensors.safe_open", "safetensors.torch.safe_open", "safetensors.torch.load_file",
+           "safetensors.torch.save_file"),
           "safe_open(device='vnpu') is refused ('device vnpu is invalid'): device strings are parsed from a fixed "
           "list, though a device index is accepted; vnpu strings are passed as the index. load_file onto vnpu "
-          "streams the file through pinned buffers (torch_vnpu.checkpoints) instead of a blocking copy per tensor.",
+          "and save_file of vnpu tensors stream through pinned buffers (torch_vnpu.checkpoints) instead of a "
+          "blocking copy per tensor.",
           "Accept any torch device string and hand it to torch."),
     Patch("lightning.accelerator", "lightning", "2.6.6", "integration", "torch_vnpu.integrations.lightning",
           ("lightning's _AcceleratorConnector (auto accelerator, single-device strategy, precision, fsdp check)",
