@@ -266,3 +266,104 @@ def test_a_failed_save_names_the_file_and_keeps_the_earlier_one(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["error", "earlier checkpoint ['model.safetensors']", str(float(1 << 19))], \
         proc.stdout
+
+
+# ---------------------------------------------------------------- torch.load(map_location="vnpu")
+
+from torch_vnpu import _C  # noqa: E402
+from torch_vnpu.checkpoints import torch_load  # noqa: E402
+
+
+def _torch_checkpoint(path):
+    base = torch.randn(10, 10)
+    obj = {"state": _state(), "param": torch.nn.Parameter(torch.randn(4, 5)), "base": base, "view": base[2:5, 1:],
+           "nested": [torch.ones(3), {"flag": torch.zeros(2, dtype=torch.bool)}], "step": 5}
+    torch.save(obj, path)
+    return obj
+
+
+def _count_reads(monkeypatch):
+    calls = []
+    real = _C._read_into_device
+    monkeypatch.setattr(_C, "_read_into_device", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("map_location,kwargs", [("vnpu", {}), ("vnpu:1", {"mmap": True}),
+                                                 (torch.device("vnpu", 0), {"weights_only": False})])
+def test_torch_load_onto_vnpu_reads_the_file_into_the_device(tmp_path, monkeypatch, map_location, kwargs):
+    """Every dtype, a Parameter, a view sharing its base's storage, nested containers: equal to the CPU load, on the
+    device, storages shared as in the file; the bytes come through the staged reader, not a copy per storage."""
+    obj = _torch_checkpoint(tmp_path / "ckpt.pt")
+    calls = _count_reads(monkeypatch)
+    out = torch.load(tmp_path / "ckpt.pt", map_location=map_location, **kwargs)
+    device = torch.device(map_location) if isinstance(map_location, str) else map_location
+    assert len(calls) == len(obj["state"]) - 16 + 4  # one read per non-empty storage (16 empty tensors)
+    for k, v in obj["state"].items():
+        assert out["state"][k].device.index == (device.index or 0) and out["state"][k].dtype == v.dtype, k
+        assert torch.equal(_bits(out["state"][k]), _bits(v)), k
+    assert type(out["param"]) is torch.nn.Parameter and torch.equal(out["param"].cpu(), obj["param"])
+    assert out["view"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()
+    assert torch.equal(out["view"].cpu(), obj["view"]) and out["view"].stride() == obj["view"].stride()
+    assert out["nested"][1]["flag"].device.type == "vnpu" and out["step"] == 5
+
+
+def test_other_torch_load_calls_are_torch_s_own(tmp_path, monkeypatch):
+    import io
+
+    obj = _torch_checkpoint(tmp_path / "ckpt.pt")
+    torch.save({"w": torch.arange(6.0)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    calls = _count_reads(monkeypatch)
+    buf = io.BytesIO((tmp_path / "ckpt.pt").read_bytes())
+    assert torch.load(buf, map_location="vnpu")["param"].device.type == "vnpu"  # a file object
+    assert torch.load(tmp_path / "legacy.pt", map_location="vnpu")["w"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert torch.load(tmp_path / "ckpt.pt", map_location="cpu")["param"].device.type == "cpu"
+    assert torch.load(tmp_path / "ckpt.pt", map_location={"cpu": "vnpu:1"})["param"].device == torch.device("vnpu", 1)
+    assert calls == []
+    with pytest.raises(RuntimeError, match="mmap can only be used"):  # torch's own error for a legacy file
+        torch.load(tmp_path / "legacy.pt", map_location="cpu", mmap=True)
+
+
+def test_work_queued_after_torch_load_reads_the_loaded_bytes(tmp_path):
+    obj = _torch_checkpoint(tmp_path / "ckpt.pt")
+    torch.vnpu._sleep(200_000_000)  # every upload is still queued when torch.load returns
+    out = torch.load(tmp_path / "ckpt.pt", map_location="vnpu")
+    assert out["param"].double().sum().item() == obj["param"].double().sum().item()
+
+
+def test_a_failed_torch_load_names_the_file_and_frees_what_it_loaded(tmp_path, monkeypatch):
+    """A read past the end of the file (as when the file shrinks while it is read) raises naming the file; the
+    storages loaded so far are freed."""
+    _torch_checkpoint(tmp_path / "ckpt.pt")
+    real = torch_load._FileMap.offset
+    seen = []
+
+    def offset(self, address):
+        seen.append(address)
+        return real(self, address) if len(seen) < 5 else os.path.getsize(self.path) - 2
+
+    monkeypatch.setattr(torch_load._FileMap, "offset", offset)
+    torch.vnpu.synchronize()
+    before = torch.vnpu.memory_allocated()
+    with pytest.raises(RuntimeError, match="ckpt.pt"):
+        torch.load(tmp_path / "ckpt.pt", map_location="vnpu")
+    torch.vnpu.synchronize()
+    assert torch.vnpu.memory_allocated() == before
+
+
+def test_a_torch_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded(tmp_path):
+    code = textwrap.dedent(f"""
+        import torch
+        torch.save({{f"w{{i}}": torch.ones(1 << 20) for i in range(24)}}, "{tmp_path}/big.pt")  # 96 MiB
+        before = torch.vnpu.memory_allocated()
+        try:
+            torch.load("{tmp_path}/big.pt", map_location="vnpu")
+            print("loaded")
+        except torch.OutOfMemoryError:
+            print("oom", torch.vnpu.memory_allocated() == before)
+        print(torch.ones(4, device="vnpu").sum().item())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VNPU_MEMORY_PER_DEVICE="64M"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["oom", "True", "4.0"], proc.stdout

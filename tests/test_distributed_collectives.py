@@ -640,6 +640,21 @@ def _nested_future_waits(rank, ws):
     dist.all_reduce(z)
     f.wait()
     order = (y.tolist(), z.tolist())
+    # A callback sees the caller's stream as of then(): here the buffer it all-reduces is written on the current
+    # stream after the first collective was issued (PowerSGD writes P so). Callbacks ran on a pool stream ordered
+    # only after the future's events and all-reduced the half-written buffer (27 of 30 iterations wrong).
+    big = torch.randn(300, 300, device="vnpu")
+    p = torch.zeros(300, device="vnpu")
+    late = []
+    for i in range(10):
+        p.zero_()
+        fut = dist.all_reduce(torch.ones(1, device="vnpu"), async_op=True).get_future()
+        q = big
+        for _ in range(3):
+            q = torch.tanh(q @ big)
+        torch.mul(q.sum(1) * 0 + 1, float(i + 1), out=p)
+        got = fut.then(lambda _: dist.all_reduce(p, async_op=True).get_future().wait()[0]).wait()
+        late.append(bool((got == ws * (i + 1)).all()))
     torch.manual_seed(0)
     # several buckets: PowerSGD's hook issues collectives from callbacks while the backward pass issues the
     # next bucket's
@@ -656,14 +671,15 @@ def _nested_future_waits(rank, ws):
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     gathered = [torch.empty_like(params) for _ in range(ws)]
     dist.all_gather(gathered, params)
-    return (nested.tolist(), a.tolist(), order, len(model.reducer._get_zeros_like_grad_buckets()),
+    return (nested.tolist(), a.tolist(), order, late, len(model.reducer._get_zeros_like_grad_buckets()),
             all(torch.equal(gathered[0], p) for p in gathered), bool(params.isfinite().all()))
 
 
 def test_a_callback_may_wait_for_another_collective(world):
-    for nested, a, order, buckets, same, finite in world.run(_nested_future_waits, timeout=120):
+    for nested, a, order, late, buckets, same, finite in world.run(_nested_future_waits, timeout=120):
         assert nested == [3.0] * 4 and a == [2.0] * 4  # 1 + 2 and 1 + 1
         assert order == ([30.0] * 4, [300.0] * 4), order
+        assert all(late), late
         assert buckets > 1, buckets
         assert same and finite  # DDP with PowerSGD: replicas stay identical
 

@@ -89,21 +89,71 @@ def _subgroup_peer_absent(rank, ws):
     g = dist.new_group([1, 2], timeout=datetime.timedelta(seconds=2))
     out = None
     if rank == 1:  # global rank 2 (group rank 1) never calls
-        try:
-            dist.all_reduce(torch.ones(4, device="vnpu"), group=g)
-            torch.vnpu.synchronize()
-        except RuntimeError as e:
-            out = str(e)
+        out = []
+        for _ in range(2):  # the failure, then "failed earlier"
+            try:
+                dist.all_reduce(torch.ones(4, device="vnpu"), group=g)
+                torch.vnpu.synchronize()
+            except RuntimeError as e:
+                out.append(str(e))
     dist.barrier()
     return out
+
+
+def _many_absent_peers(rank, ws, n):
+    """Synchronous all_reduces whose peer never calls, each read at once while two threads load the CPU: the read
+    must raise every time. (The hold stream's gate could claim the report and the caller's gate then return
+    before the error was posted: the read returned the un-reduced value about once in 60.)"""
+    groups = [dist.new_group([0, 1], timeout=datetime.timedelta(seconds=0.2)) for _ in range(n)]
+    for g in groups:
+        w = torch.ones(2, device="vnpu")
+        dist.all_reduce(w, group=g)
+        assert w.cpu().tolist() == [2.0, 2.0]
+    dist.barrier()
+    if rank == 1:
+        time.sleep(n * 0.25 + 2)
+        dist.barrier()
+        return None
+    stop = threading.Event()
+
+    def burn():
+        a = torch.randn(300, 300)
+        while not stop.is_set():
+            a = torch.tanh(a @ a)
+
+    threads = [threading.Thread(target=burn, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    silent = []
+    for i, g in enumerate(groups):
+        y = torch.ones(2, device="vnpu")
+        try:
+            dist.all_reduce(y, group=g)
+            silent.append((i, y.cpu().tolist()))
+        except RuntimeError:
+            pass
+    stop.set()
+    try:
+        torch.vnpu.synchronize()
+        late = None
+    except RuntimeError as e:
+        late = str(e)
+    dist.barrier()
+    return silent, late
+
+
+def test_every_read_after_a_failed_collective_raises(subgroup_world):
+    silent, late = subgroup_world.run(_many_absent_peers, 40, timeout=120)[0]
+    assert silent == [] and late is None, (silent, late)
 
 
 def test_a_subgroups_error_maps_its_ranks_to_global_ranks():
     """Errors name group ranks (as the transport sees them); in a subgroup the message says which global ranks
     those are, so "rank 1" is not mistaken for global rank 1."""
-    msg = run_world(3, _subgroup_peer_absent)[1]
-    assert msg is not None and "vccl: all_reduce" in msg, msg
-    assert "whose global ranks are [1, 2]" in msg, msg
+    msgs = run_world(3, _subgroup_peer_absent)[1]
+    assert len(msgs) == 2 and "failed earlier" in msgs[1], msgs
+    for msg in msgs:
+        assert "vccl: all_reduce" in msg and "whose global ranks are [1, 2]" in msg, msg
 
 
 def _late_rank(rank, ws):
@@ -447,8 +497,20 @@ def _dead_peer_never_waited(rank, ws, how):
         if how == "waited late":
             time.sleep(7.0)  # past the group's timeout: the op failed, its hold-stream gate reported it
             w.wait()
+        if how == "event query":  # a non-blocking download, polled with Event.query() (as cudaEventQuery)
+            w.wait()
+            h = torch.empty(4, pin_memory=True)
+            h.copy_(x, non_blocking=True)
+            e = torch.vnpu.Event()
+            e.record()
+            while not e.query():
+                time.sleep(0.01)
+            res = ("no error", h.tolist())
+            raise StopIteration
         torch.vnpu.synchronize()
         res = ("no error", x.cpu().tolist())
+    except StopIteration:
+        pass
     except RuntimeError as e:
         res = (type(e).__name__, str(e))
     elapsed = time.perf_counter() - t0
@@ -463,7 +525,7 @@ def _dead_peer_never_waited(rank, ws, how):
     return res, elapsed, after, again
 
 
-@pytest.mark.parametrize("how", ["kept", "dropped", "future", "waited late"])
+@pytest.mark.parametrize("how", ["kept", "dropped", "future", "waited late", "event query"])
 def test_a_failed_collective_nobody_waited_for_fails_the_next_synchronization(how):
     res = run_world(2, _dead_peer_never_waited, how, init_kwargs={"timeout": datetime.timedelta(seconds=5)})
     (kind, msg), elapsed, after, again = res[0]

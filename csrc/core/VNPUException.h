@@ -49,3 +49,15 @@ bool interrupts_allowed();
       ::c10::vnpu::throw_runtime_error(__vnpu_err, #EXPR, __FILE__, __func__, __LINE__); \
     }                                                                              \
   } while (0)
+
+namespace c10::vnpu {
+
+// Raises the current device's pending asynchronous error, if any: what a
+// successful cudaEventQuery / cudaStreamQuery returns instead of cudaSuccess
+// after an earlier kernel failed, so that polling a query cannot read a result
+// whose producer failed.
+inline void raisePendingError() {
+  if (vnpuPeekAtLastError() != vnpuSuccess) VNPU_CHECK(vnpuGetLastError());
+}
+
+}  // namespace c10::vnpu

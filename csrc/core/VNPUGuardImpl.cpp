@@ -27,8 +27,26 @@ Stream VNPUGuardImpl::getDefaultStream(Device d) const {
   return getDefaultVNPUStream(d.index()).unwrap();
 }
 
+// Note [Callback streams follow the caller's stream]
+// c10's Future runs then() callbacks on a stream taken from here, ordered only
+// after the future's events. Work the caller queued on its current stream
+// before then() (PowerSGD's hook writes P there, then all-reduces P in a
+// callback) would race the callback's kernels: on CUDA the earlier work mostly
+// wins on timing, on vnpu's workers it often lost and PowerSGD trained on
+// half-written buffers. The pool stream handed out here is first ordered after
+// the current stream's work so far, so a callback sees the state as of its
+// then(); the caller's stream does not wait for the callback.
 Stream VNPUGuardImpl::getStreamFromGlobalPool(Device d, bool is_high_priority) const {
-  return getStreamFromPool(is_high_priority, d.index()).unwrap();
+  VNPUStream pool = getStreamFromPool(is_high_priority, d.index());
+  VNPUStream current = getCurrentVNPUStream(d.index());
+  if (pool != current) {
+    vnpuEvent_t e = nullptr;
+    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
+    VNPU_CHECK(vnpuEventRecord(e, current.stream()));
+    VNPU_CHECK(vnpuStreamWaitEvent(pool.stream(), e, 0));
+    VNPU_CHECK(vnpuEventDestroy(e));
+  }
+  return pool.unwrap();
 }
 
 // As CUDAGuardImpl: "new" streams come from the fixed pool, so creating
@@ -72,7 +90,11 @@ void VNPUGuardImpl::block(void* event, const Stream& stream) const {
 
 bool VNPUGuardImpl::queryEvent(void* event) const {
   if (event == nullptr) return true;
-  return vnpuEventQuery(static_cast<vnpuEvent_t>(event)) == vnpuSuccess;
+  const vnpuError_t r = vnpuEventQuery(static_cast<vnpuEvent_t>(event));
+  if (r == vnpuErrorNotReady) return false;
+  VNPU_CHECK(r);
+  raisePendingError();
+  return true;
 }
 
 void VNPUGuardImpl::synchronizeEvent(void* event) const {

@@ -3,6 +3,8 @@
 #include "VNPUException.h"
 #include "VNPUFunctions.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <array>
 #include <atomic>
 #include <deque>
@@ -79,7 +81,14 @@ int VNPUStream::priority() const {
   return p;
 }
 
-bool VNPUStream::query() const { return vnpuStreamQuery(stream()) == vnpuSuccess; }
+bool VNPUStream::query() const {
+  const vnpuError_t r = vnpuStreamQuery(stream());
+  if (r == vnpuErrorNotReady) return false;
+  VNPU_CHECK(r);
+  c10::DeviceGuard guard(Device(DeviceType::PrivateUse1, device_index()));
+  raisePendingError();
+  return true;
+}
 
 void VNPUStream::synchronize() const {
   check_sync("Stream.synchronize()");  // as CUDA's stream_synchronize

@@ -45,6 +45,19 @@ void CollectiveOp::finish(const std::string& error, int source_rank) {
   for (auto& cb : callbacks) cb();
 }
 
+void CollectiveOp::markReportPosted() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    report_posted_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool CollectiveOp::waitReportPosted(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> g(mu_);
+  return cv_.wait_for(g, timeout, [&] { return report_posted_; });
+}
+
 void CollectiveOp::onFinish(std::function<void()> callback) {
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -103,9 +103,16 @@ struct CollectiveOp {
   // gate) may report it; the first to claim the report does, so the error is
   // neither lost (a collective nobody waited for fails the next
   // synchronization, as an asynchronous CUDA error does) nor raised twice.
-  // True for the first caller only.
+  // True for the first caller only. The claimer calls markReportPosted() once
+  // its report is visible (raised on the host, or the device's pending error
+  // after its gate task ended); other waiters of the failed op first wait for
+  // that (waitReportPosted), so that nothing ordered after them (a copy of the
+  // outputs and its synchronize) can finish before the error is there to raise.
   bool claimReport() { return !reported_.exchange(true); }
   bool reportClaimed() const { return reported_.load(); }
+  void markReportPosted();
+  // False if `timeout` passed first.
+  bool waitReportPosted(std::chrono::milliseconds timeout);
 
   Clock::time_point issued = Clock::now();
   float durationMs();              // issue to completion, -1 if not completed
@@ -119,6 +126,7 @@ struct CollectiveOp {
   Clock::time_point finished_;
   std::vector<std::function<void()>> on_finish_;
   std::atomic<bool> reported_{false};
+  bool report_posted_ = false;  // guarded by mu_
 };
 
 using OpPtr = std::shared_ptr<CollectiveOp>;

@@ -266,7 +266,7 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
   if (!failure.empty()) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("vccl: ", describe(*op), " cannot run: the process group failed earlier "
-                             "(destroy it and create a new one): ", failure));
+                             "(destroy it and create a new one): ", failure, group_ranks_note_));
   }
   VNPUStream stream = c10::vnpu::getCurrentVNPUStream(device);
   VNPUStream hold = holdStream(device);
@@ -315,6 +315,7 @@ c10::intrusive_ptr<Work> ProcessGroupVCCL::issue(OpPtr op, c10::DeviceIndex devi
     // VNPU_LAUNCH_BLOCKING=1: the collective completes (or raises) in the call.
     op->waitDone(kNoTimeout);
     if (op->state() == CollectiveOp::State::kFailed && op->claimReport()) {
+      op->markReportPosted();
       C10_THROW_ERROR(DistBackendError, op->error());
     }
   }

@@ -15,6 +15,9 @@ namespace {
 // A gate waits a little longer than the op's own timeout, so the transport's
 // error (which names the cause) normally arrives first.
 constexpr std::chrono::milliseconds kGateSlack{10000};
+// How long a waiter that did not claim a failure's report waits for the claimer to post it (the claimer's next
+// task, normally microseconds; bounded so that no stream can hang on it).
+constexpr std::chrono::milliseconds kReportPostWait{10000};
 
 std::exception_ptr errorOf(const std::string& msg) {
   return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
@@ -27,6 +30,7 @@ std::exception_ptr errorOf(const std::string& msg) {
 void takeGateReport(CollectiveOp& op) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, op.device));
   const std::string error = op.error();
+  op.waitReportPosted(kReportPostWait);
   const auto deadline = Clock::now() + std::chrono::milliseconds(200);
   while (Clock::now() < deadline) {
     if (vnpuPeekAtLastError() != vnpuSuccess) {
@@ -46,16 +50,24 @@ void enqueueGate(const OpPtr& op, void* stream, std::chrono::milliseconds timeou
   if (op->state() == CollectiveOp::State::kDone) return;  // nothing left to wait for
   std::chrono::milliseconds limit = timeout.count() > 0 ? timeout : op->timeout + kGateSlack;
   std::string name = c10::str("vccl:", op->name);
-  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, limit] {
-    if (!op->waitDone(limit)) {
-      if (op->claimReport()) {
+  auto claimed = std::make_shared<std::atomic<bool>>(false);
+  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, limit, claimed] {
+    const bool done = op->waitDone(limit);
+    if (done && op->state() != CollectiveOp::State::kFailed) return;
+    if (op->claimReport()) {
+      claimed->store(true);  // the runtime posts the error when this task ends; the task after it says so
+      if (!done) {
         throw std::runtime_error(c10::str(
             "vccl: ", describe(*op), " did not complete within ", limit.count(),
             " ms; a peer may have died, be stuck, or not call this collective"));
       }
-      return;
+      throw std::runtime_error(op->error());
     }
-    if (op->state() == CollectiveOp::State::kFailed && op->claimReport()) throw std::runtime_error(op->error());
+    // Another waiter reports it: what this stream runs next must not finish before that report is visible.
+    op->waitReportPosted(kReportPostWait);
+  }));
+  VNPU_CHECK(vnpuLaunchKernel(static_cast<vnpuStream_t>(stream), name.c_str(), [op, claimed] {
+    if (claimed->load()) op->markReportPosted();
   }));
 }
 
@@ -112,7 +124,11 @@ bool WorkVCCL::wait(std::chrono::milliseconds timeout) {
     }
   }
   if (op_->state() == CollectiveOp::State::kFailed) {
-    if (!op_->claimReport()) takeGateReport(*op_);
+    if (op_->claimReport()) {
+      op_->markReportPosted();  // raised here and now
+    } else {
+      takeGateReport(*op_);
+    }
     C10_THROW_ERROR(DistBackendError, op_->error());
   }
   gateCurrentStream(timeout);

@@ -68,6 +68,12 @@ PATCHES: tuple[Patch, ...] = (
           "torch.multiprocessing shares CUDA tensors through IPC handles and every other device by copy; vnpu "
           "tensors are shared by device-memory handles as CUDA's are (other devices keep torch's reducers).",
           "A per-device reduction hook in torch.multiprocessing.reductions."),
+    Patch("serialization.load-streamed", "torch", _TORCH, "import", "torch_vnpu.patches.load_streamed",
+          ("torch.load",),
+          "torch.load(path, map_location=<device>) builds each storage in host memory and copies it with a blocking "
+          "copy per storage; for a vnpu map_location the file is read into device memory through pinned buffers "
+          "(torch_vnpu.checkpoints.torch_load). Other calls are torch.load's own.",
+          "A device hook in torch.serialization that restores a storage from its byte range in the file."),
     # ---- torch.compile: import hooks ----
     Patch("inductor.lazy-registration", "torch", _TORCH, "import of torch._inductor.codegen.common",
           "torch_vnpu._inductor.lazy", ("torch._inductor.codegen.common.init_backend_registration",),

@@ -1,0 +1,132 @@
+"""``torch.load(path, map_location=<a vnpu device>)`` with every storage read from the file into vnpu memory.
+
+torch.load restores each storage by building it in host memory (read from the file, or a memory map of it) and
+copying it to the device, one blocking copy per storage. Here torch.load runs as it would with ``mmap=True`` and a
+``map_location`` function: for each storage, torch hands over its slice of the file's memory map (never touched,
+so never read through the map); the storage's place in the file is found from that mapping, a vnpu storage is
+allocated and the bytes are read with plain reads into pinned buffers and uploaded on the current stream
+(Note [Staged file reads], csrc/io). Unpickling, ``weights_only`` checks and the result's structure (shared
+storages, views, Parameters) stay torch.load's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+__all__ = ["load", "streams"]
+
+_CHUNK_BYTES = 16 << 20
+_SLOTS = 4
+
+
+def _vnpu_device(map_location: object) -> torch.device | None:
+    """The vnpu device ``map_location`` names (a string, a torch.device), else None."""
+    if isinstance(map_location, str):
+        try:
+            map_location = torch.device(map_location)
+        except RuntimeError:
+            return None
+    if isinstance(map_location, torch.device) and map_location.type == "vnpu":
+        index = map_location.index if map_location.index is not None else torch.vnpu.current_device()
+        return torch.device("vnpu", index)
+    return None
+
+
+def streams(f: object, map_location: object) -> bool:
+    """Whether ``load`` streams this call: a path to a file in torch.save's zip format, loaded to a vnpu device."""
+    if _vnpu_device(map_location) is None or not isinstance(f, (str, os.PathLike)):
+        return False
+    import zipfile
+
+    try:
+        return zipfile.is_zipfile(os.fspath(f))
+    except OSError:
+        return False
+
+
+class _FileMap:
+    """Where a host address inside the memory map of ``path`` lies in the file (from /proc/self/maps)."""
+
+    def __init__(self, path: str):
+        self.path = os.path.realpath(path)
+        self.ranges: list[tuple[int, int, int]] = []  # (start, end, file offset of start)
+
+    def offset(self, address: int) -> int | None:
+        for start, end, pgoff in self.ranges:
+            if start <= address < end:
+                return address - start + pgoff
+        self._read_maps()
+        for start, end, pgoff in self.ranges:
+            if start <= address < end:
+                return address - start + pgoff
+        return None
+
+    def _read_maps(self) -> None:
+        self.ranges = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].rstrip("\n") == self.path:
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    self.ranges.append((start, end, int(parts[2], 16)))
+
+
+def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes: int = _CHUNK_BYTES,
+         slots: int = _SLOTS, **kwargs) -> object:
+    """``torch.load(f, map_location=map_location, **kwargs)`` for a vnpu ``map_location``, streamed.
+
+    Args:
+        f: path of a file written by ``torch.save`` (its zip format).
+        map_location: a vnpu device (``"vnpu"``, ``"vnpu:1"``, ``torch.device("vnpu", 1)``).
+        chunk_bytes, slots: the staging ring (``slots`` pinned buffers of up to ``chunk_bytes`` bytes).
+        kwargs: torch.load's other arguments (``weights_only``, ``pickle_module``, ``mmap``, ...), unchanged.
+
+    Returns:
+        What torch.load returns, its storages on the vnpu device. The call returns once the last upload is queued:
+        work queued on the current stream afterwards sees the bytes.
+
+    Raises:
+        Whatever torch.load raises for the file (``pickle.UnpicklingError`` for a ``weights_only`` violation, ...);
+        RuntimeError naming the file when it ends early or cannot be read; torch.OutOfMemoryError when the
+        checkpoint does not fit. The storages allocated so far are freed.
+        ValueError: ``map_location`` is not a vnpu device, or ``f`` is not a path to a zip-format checkpoint.
+    """
+    from .. import _C
+
+    device = _vnpu_device(map_location)
+    if device is None or not streams(f, map_location):
+        raise ValueError(f"streamed torch.load needs a path to a torch.save zip file and a vnpu map_location, "
+                         f"got {f!r} and {map_location!r}")
+    path = os.fspath(f)
+    where = _FileMap(path)
+
+    def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
+        nbytes = storage.nbytes()
+        offset = where.offset(storage.data_ptr()) if nbytes else None
+        if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
+            return storage.to(device)
+        with torch.vnpu.device(device):
+            out = torch.UntypedStorage(nbytes, device=device)
+            if nbytes:
+                _C._read_into_device(path, [(offset, nbytes, out.data_ptr(), f"storage at byte {offset}")],
+                                     chunk_bytes, slots)
+        return out
+
+    kwargs.pop("mmap", None)
+    import torch.serialization
+
+    try:
+        return torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
+    except BaseException as e:
+        # Nothing stays allocated: torch.load's frames below this one (kept by the traceback, with the closures
+        # that hold the storages restored so far) are dropped from the traceback, and the storages go back to
+        # the allocator (stream-ordered) once that reference cycle is collected.
+        import gc
+
+        if e.__traceback__ is not None and e.__traceback__.tb_frame is sys._getframe():
+            e.__traceback__.tb_next = None
+        gc.collect()
+        raise
