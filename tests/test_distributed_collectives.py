@@ -655,24 +655,31 @@ def _nested_future_waits(rank, ws):
         torch.mul(q.sum(1) * 0 + 1, float(i + 1), out=p)
         got = fut.then(lambda _: dist.all_reduce(p, async_op=True).get_future().wait()[0]).wait()
         late.append(bool((got == ws * (i + 1)).all()))
-    torch.manual_seed(0)
-    # several buckets: PowerSGD's hook issues collectives from callbacks while the backward pass issues the
-    # next bucket's
-    model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)) for _ in range(4)],
-                              nn.Linear(16, 4)).to("vnpu"), bucket_cap_mb=0.001)
-    model.register_comm_hook(powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
-                             powersgd.powerSGD_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(8):  # steps 3 to 8 compress (nested futures inside the hook)
-        opt.zero_grad()
-        model(torch.randn(8, 16, generator=g).to("vnpu")).square().mean().backward()
-        opt.step()
+    def train():
+        torch.manual_seed(0)
+        # several buckets: PowerSGD's hook issues collectives from callbacks while the backward pass issues the
+        # next bucket's
+        model = DDP(nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)) for _ in range(4)],
+                                  nn.Linear(16, 4)).to("vnpu"), bucket_cap_mb=0.001)
+        model.register_comm_hook(powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
+                                 powersgd.powerSGD_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(8):  # steps 3 to 8 compress (nested futures inside the hook)
+            opt.zero_grad()
+            model(torch.randn(8, 16, generator=g).to("vnpu")).square().mean().backward()
+            opt.step()
+        return model
+
+    model = train()
+    # the same run again gives the same weights (racing hooks gave different ones on every run, ranks agreeing)
+    again = torch.cat([p.detach().flatten() for p in train().parameters()])
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     gathered = [torch.empty_like(params) for _ in range(ws)]
     dist.all_gather(gathered, params)
     return (nested.tolist(), a.tolist(), order, late, len(model.reducer._get_zeros_like_grad_buckets()),
-            all(torch.equal(gathered[0], p) for p in gathered), bool(params.isfinite().all()))
+            all(torch.equal(gathered[0], p) for p in gathered) and torch.equal(params, again),
+            bool(params.isfinite().all()))
 
 
 def test_a_callback_may_wait_for_another_collective(world):

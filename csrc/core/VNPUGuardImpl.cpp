@@ -27,26 +27,21 @@ Stream VNPUGuardImpl::getDefaultStream(Device d) const {
   return getDefaultVNPUStream(d.index()).unwrap();
 }
 
-// Note [Callback streams follow the caller's stream]
-// c10's Future runs then() callbacks on a stream taken from here, ordered only
-// after the future's events. Work the caller queued on its current stream
-// before then() (PowerSGD's hook writes P there, then all-reduces P in a
-// callback) would race the callback's kernels: on CUDA the earlier work mostly
-// wins on timing, on vnpu's workers it often lost and PowerSGD trained on
-// half-written buffers. The pool stream handed out here is first ordered after
-// the current stream's work so far, so a callback sees the state as of its
-// then(); the caller's stream does not wait for the callback.
-Stream VNPUGuardImpl::getStreamFromGlobalPool(Device d, bool is_high_priority) const {
-  VNPUStream pool = getStreamFromPool(is_high_priority, d.index());
-  VNPUStream current = getCurrentVNPUStream(d.index());
-  if (pool != current) {
-    vnpuEvent_t e = nullptr;
-    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
-    VNPU_CHECK(vnpuEventRecord(e, current.stream()));
-    VNPU_CHECK(vnpuStreamWaitEvent(pool.stream(), e, 0));
-    VNPU_CHECK(vnpuEventDestroy(e));
-  }
-  return pool.unwrap();
+// Note [Callbacks run on the caller's stream]
+// c10's Future (its only user in torch) runs then() callbacks on the stream
+// returned here, ordered only after the future's events. CUDA hands out a pool
+// stream; a callback then races whatever the caller queued before then() and
+// uses tensors allocated on the caller's stream without recording them there.
+// PowerSGD's DDP hook does both (it all-reduces P, written on the caller's
+// stream after its first collective was issued, and subtracts a clone freed
+// on that stream); CUDA's version survives on timing and a
+// torch.cuda.synchronize() in the hook, on vnpu's workers it trained on
+// half-written or reused memory. vnpu returns the caller's current stream:
+// a callback's kernels are ordered after everything queued before then(), in
+// the allocator's order. The price: the caller's stream waits for the
+// collective there (less overlap of a comm hook with the backward pass).
+Stream VNPUGuardImpl::getStreamFromGlobalPool(Device d, bool /*is_high_priority*/) const {
+  return getCurrentVNPUStream(d.index()).unwrap();
 }
 
 // As CUDAGuardImpl: "new" streams come from the fixed pool, so creating
