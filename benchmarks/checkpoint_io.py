@@ -12,6 +12,16 @@ median reported, warm page cache (the files were just written and read):
   vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
               blocking copy per tensor)
 
+the same tensors saved with torch.save (one .pt file per shard) and loaded with torch.load:
+
+  pt_cpu          torch.load(map_location="cpu")
+  pt_vnpu         torch.load(map_location="vnpu"): read into device memory (torch_vnpu.checkpoints.torch_load)
+  pt_vnpu_copy    torch's own torch.load(map_location="vnpu"): a host copy and a blocking copy per storage
+
+the floor of any load into fresh vnpu memory:
+
+  touch           allocating the checkpoint's bytes on vnpu and writing them once (first-touch page faults)
+
 and saving the loaded checkpoint (each shard to a new file; the load is not timed):
 
   save_cpu        safetensors.torch.save_file of CPU tensors
@@ -52,6 +62,16 @@ elif how == "vnpu_copy":
     load = getattr(st.load_file, "__wrapped__", st.load_file)  # safetensors' own load_file
     out = [load(p, device=0) for p in paths]  # device 0: the accelerator's device 0
     torch.vnpu.synchronize()
+elif how == "touch":
+    out = [{"x": torch.empty(sum(v.numel() * v.element_size() for v in st.load_file(p).values()), dtype=torch.uint8,
+                             device="vnpu").fill_(1)} for p in paths]
+    torch.vnpu.synchronize()
+elif how.startswith("pt_"):
+    import torch.serialization
+    load = torch.serialization.load if how == "pt_vnpu_copy" else torch.load  # torch's own, or the patched one
+    out = [load(p[:-len(".safetensors")] + ".pt", map_location="cpu" if how == "pt_cpu" else "vnpu",
+                weights_only=True) for p in paths]
+    torch.vnpu.synchronize()
 else:  # save_*: load untimed, then save every shard to a new file
     out = [st.load_file(p, device="cpu" if how == "save_cpu" else "vnpu") for p in paths]
     out = [{k: v.clone() for k, v in d.items()} for d in out]  # own memory, not the mapped file
@@ -87,6 +107,7 @@ def _generate(directory, size_mib, shards):
             i += 1
         path = os.path.join(directory, f"model-{s:05d}-of-{shards:05d}.safetensors")
         st.save_file(state, path)
+        torch.save(state, path[:-len(".safetensors")] + ".pt")
         paths.append(path)
     return paths
 
@@ -131,8 +152,8 @@ def main(argv=None):
         results = {}
         dropped = None
         for cache in caches:
-            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": [], "save_cpu": [], "save_vnpu": [],
-                    "save_vnpu_copy": []}
+            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
+                    "pt_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": []}
             rss = {"cpu": [], "vnpu": [], "vnpu_copy": []}
             for _ in range(args.repeats):
                 for how in rows:
@@ -154,6 +175,9 @@ def main(argv=None):
                 "vnpu_over_cpu": med["vnpu"] / med["cpu"],
                 "vnpu_copy_over_cpu": med["vnpu_copy"] / med["cpu"],
                 "read_bandwidth_fraction": med["read"] / med["vnpu"],
+                "pt_vnpu_over_cpu": med["pt_vnpu"] / med["pt_cpu"],
+                "pt_vnpu_copy_over_cpu": med["pt_vnpu_copy"] / med["pt_cpu"],
+                "touch_over_cpu": med["touch"] / med["cpu"],
                 "save_vnpu_over_cpu": med["save_vnpu"] / med["save_cpu"],
                 "save_vnpu_copy_over_cpu": med["save_vnpu_copy"] / med["save_cpu"],
                 "peak_rss_mib": {k: statistics.median(v) / (1 << 20) for k, v in rss.items()},
@@ -176,6 +200,9 @@ def main(argv=None):
                   f"{'' if rss_ is None else f'{rss_:13.0f}'} {'' if ovh is None else f'{ovh:18.0f}'}")
         print(f"vnpu / cpu = {r['vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = {r['vnpu_copy_over_cpu']:.2f}x, "
               f"read bandwidth reached = {100 * r['read_bandwidth_fraction']:.0f}%")
+        print(f"torch.load: vnpu / cpu = {r['pt_vnpu_over_cpu']:.2f}x, per-storage copy path / cpu = "
+              f"{r['pt_vnpu_copy_over_cpu']:.2f}x; first touch of the device memory / cpu load = "
+              f"{r['touch_over_cpu']:.2f}x")
         print(f"save: vnpu / cpu = {r['save_vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = "
               f"{r['save_vnpu_copy_over_cpu']:.2f}x")
 

@@ -230,6 +230,16 @@ def checkpoint_io(d):
                 f"per-tensor copy / cpu = {ratio(r['vnpu_copy_over_cpu'])}, "
                 f"{100 * r['read_bandwidth_fraction']:.0f}% of the read bandwidth.", ""]
         out += table(["load", "s", "GiB/s", "peak RSS MiB", "RSS beyond the checkpoint MiB"], rows)
+        if "pt_vnpu_over_cpu" in r:
+            out += [f"torch.load: vnpu / cpu = {ratio(r['pt_vnpu_over_cpu'])}, per-storage copy / cpu = "
+                    f"{ratio(r['pt_vnpu_copy_over_cpu'])}. Writing the same bytes of fresh vnpu memory once (the "
+                    f"floor of any load into it) takes {ratio(r['touch_over_cpu'])} the safetensors load to CPU.",
+                    ""]
+            out += table(["torch.load", "s", "GiB/s"], [
+                (label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2))
+                for k, label in (("pt_cpu", "to CPU memory"), ("pt_vnpu", "to vnpu, read into the device"),
+                                 ("pt_vnpu_copy", "to vnpu, a copy per storage (torch's own)"),
+                                 ("touch", "first write of fresh vnpu memory"))])
         if "save_vnpu_over_cpu" in r:
             out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}, per-tensor copy / cpu = "
                     f"{ratio(r['save_vnpu_copy_over_cpu'])}.", ""]

@@ -121,8 +121,11 @@ def _safetensors_order() -> dict[str, int]:
     return _dtype_rank
 
 
+_SAVE_CHUNK_BYTES = 4 << 20  # downloads are fast: a smaller ring costs less pinned memory to set up, not speed
+
+
 def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str] | None = None,
-              *, chunk_bytes: int = _CHUNK_BYTES, slots: int = _SLOTS) -> None:
+              *, chunk_bytes: int = _SAVE_CHUNK_BYTES, slots: int = _SLOTS) -> None:
     """Save tensors (on vnpu devices, or on the CPU) as ``safetensors.torch.save_file`` does, byte for byte.
 
     The tensors' bytes are downloaded into ``slots`` pinned buffers of up to ``chunk_bytes`` bytes on their devices'
