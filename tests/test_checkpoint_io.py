@@ -367,3 +367,43 @@ def test_a_torch_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_
                           env=dict(os.environ, VNPU_MEMORY_PER_DEVICE="64M"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["oom", "True", "4.0"], proc.stdout
+
+
+# ---------------------------------------------------------------- progress and Ctrl-C
+
+def test_loads_and_saves_report_progress_to_the_end(checkpoint, tmp_path, monkeypatch):
+    from torch_vnpu.checkpoints import _progress
+
+    seen = []
+    real = _progress._Bar.callback
+    monkeypatch.setattr(_progress._Bar, "callback", lambda self, done: seen.append(done) or real(self, done))
+    out = vio.load_file(checkpoint, "vnpu", chunk_bytes=4096)
+    data = sum(v.numel() * v.element_size() for v in out.values())
+    assert seen and seen == sorted(seen) and seen[-1] == data and len(seen) > 3
+    seen.clear()
+    vio.save_file(out, tmp_path / "copy.safetensors", chunk_bytes=4096)
+    assert seen and seen == sorted(seen) and seen[-1] == data
+
+
+def test_ctrl_c_during_a_load_or_a_save_stops_it_and_loses_nothing(checkpoint, tmp_path, monkeypatch):
+    """KeyboardInterrupt raised while the file is read (here from the progress report, where a SIGINT is seen)
+    ends the load with nothing left allocated, and a save with the earlier file kept; the device stays usable."""
+    from torch_vnpu.checkpoints import _progress
+
+    def interrupt(self, done):
+        raise KeyboardInterrupt
+
+    state = vio.load_file(checkpoint, "vnpu")
+    (tmp_path / "kept.safetensors").write_bytes(b"earlier")
+    torch.vnpu.synchronize()
+    before = torch.vnpu.memory_allocated()
+    monkeypatch.setattr(_progress._Bar, "callback", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        vio.load_file(checkpoint, "vnpu", chunk_bytes=4096)
+    with pytest.raises(KeyboardInterrupt):
+        vio.save_file(state, tmp_path / "kept.safetensors", chunk_bytes=4096)
+    torch.vnpu.synchronize()
+    assert torch.vnpu.memory_allocated() == before
+    assert sorted(os.listdir(tmp_path)) == ["kept.safetensors"]
+    assert (tmp_path / "kept.safetensors").read_bytes() == b"earlier"
+    assert (torch.arange(3, device="vnpu") * 2).tolist() == [0, 2, 4]

@@ -70,7 +70,8 @@ void readFully(const File& f, const std::string& path, const Segment& first, cha
 }  // namespace
 
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
-                    c10::vnpu::VNPUStream current, int upload_streams) {
+                    c10::vnpu::VNPUStream current, int upload_streams,
+                    const std::function<void(uint64_t)>& progress) {
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "staged read: chunk_bytes, slots and upload_streams must be positive");
   File file(path);
@@ -95,6 +96,7 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
     for (size_t k = 1; k < streams.size(); ++k) link(streams[k].stream(), current.stream());
   };
   size_t chunk_index = 0;
+  uint64_t read_so_far = 0;
   std::deque<vnpuEvent_t> in_flight;  // one event per buffer whose upload may still run
   auto release_oldest = [&] {
     VNPU_CHECK(vnpuEventSynchronize(in_flight.front()));
@@ -144,6 +146,8 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
       VNPU_CHECK(vnpuEventCreateWithFlags(&done, vnpuEventDisableTiming));
       VNPU_CHECK(vnpuEventRecord(done, stream));
       in_flight.push_back(done);
+      read_so_far += filled;
+      if (progress) progress(read_so_far);
     }
   } catch (...) {
     for (vnpuEvent_t e : in_flight) (void)vnpuEventDestroy(e);

@@ -6,6 +6,7 @@
 #include "../core/VNPUStream.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,10 @@ struct Segment {
 // c10::Error naming the file and the tensor on an I/O error or a short read
 // (the file truncated or changed while read); uploads already queued stay
 // queued (their destinations remain valid until the caller frees them, stream-ordered).
+// `progress`, if set, is called with the bytes read so far after each chunk (an
+// exception it throws, such as Python's KeyboardInterrupt, ends the read).
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
-                    c10::vnpu::VNPUStream stream, int upload_streams = 2);
+                    c10::vnpu::VNPUStream stream, int upload_streams = 2,
+                    const std::function<void(uint64_t)>& progress = {});
 
 }  // namespace at::vnpu::io

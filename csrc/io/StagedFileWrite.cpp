@@ -76,13 +76,13 @@ struct Pending {
 }  // namespace
 
 void writeFromDevice(const std::string& path, const std::string& header, const std::vector<Source>& sources,
-                     size_t chunk_bytes, int slots) {
+                     size_t chunk_bytes, int slots, const std::function<void(uint64_t)>& progress) {
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0, "staged write: chunk_bytes and slots must be positive");
   OutFile out(path);
   out.write(header.data(), header.size(), "the header");
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();
   std::deque<Pending> in_flight;
-  uint64_t total = 0, staged = 0;
+  uint64_t total = 0, staged = 0, written = 0;
   for (const Source& s : sources) total += s.nbytes;
   auto write_oldest = [&] {
     Pending& p = in_flight.front();
@@ -92,7 +92,9 @@ void writeFromDevice(const std::string& path, const std::string& header, const s
       p.done = nullptr;
     }
     out.write(static_cast<const char*>(p.buf.get()), p.n, p.what);
+    written += p.n;
     in_flight.pop_front();  // the buffer goes back to the host allocator
+    if (progress) progress(written);
   };
   try {
     size_t i = 0;

@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,9 @@ struct Source {
 // once its download ran while the next ones download. Returns when the file is
 // complete. Raises c10::Error naming the file (and the tensor) on an I/O error
 // (no space, no permission), with the temporary file removed.
+// `progress`, if set, is called with the bytes written so far after each write
+// (an exception it throws ends the save, as any failure).
 void writeFromDevice(const std::string& path, const std::string& header, const std::vector<Source>& sources,
-                     size_t chunk_bytes, int slots);
+                     size_t chunk_bytes, int slots, const std::function<void(uint64_t)>& progress = {});
 
 }  // namespace at::vnpu::io

@@ -85,8 +85,10 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
                     segments.append((start + begin, end - begin, t.data_ptr(), name))
             t = None
             from .. import _C
+            from ._progress import bar
 
-            _C._read_into_device(path, segments, chunk_bytes, slots)
+            with bar(sum(seg[1] for seg in segments), "Loading", path) as progress:
+                _C._read_into_device(path, segments, chunk_bytes, slots, progress=progress.callback)
             if others:
                 from safetensors import safe_open
 
@@ -174,8 +176,11 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     raw += b" " * (-len(raw) % 8)
     from .. import _C
+    from ._progress import bar
 
-    _C._write_from_device(os.fspath(filename), struct.pack("<Q", len(raw)) + raw, sources, chunk_bytes, slots)
+    with bar(offset, "Saving", filename) as progress:
+        _C._write_from_device(os.fspath(filename), struct.pack("<Q", len(raw)) + raw, sources, chunk_bytes, slots,
+                              progress=progress.callback)
 
 
 def can_save(tensors: object) -> bool:

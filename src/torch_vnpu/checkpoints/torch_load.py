@@ -113,11 +113,15 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
             if nbytes:
                 _C._read_into_device(path, [(offset, nbytes, out.data_ptr(), f"storage at byte {offset}")],
                                      chunk_bytes, slots)
+                progress.advance(nbytes)
         return out
 
     kwargs.pop("mmap", None)
     import torch.serialization
 
+    from ._progress import bar
+
+    progress = bar(os.path.getsize(path), "Loading", path)
     try:
         return torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
     except BaseException as e:
@@ -130,3 +134,5 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
             e.__traceback__.tb_next = None
         gc.collect()
         raise
+    finally:
+        progress.close()
