@@ -399,3 +399,27 @@ def test_ctrl_c_during_a_load_or_a_save_stops_it_and_loses_nothing(checkpoint, t
     assert sorted(os.listdir(tmp_path)) == ["kept.safetensors"]
     assert (tmp_path / "kept.safetensors").read_bytes() == b"earlier"
     assert (torch.arange(3, device="vnpu") * 2).tolist() == [0, 2, 4]
+
+
+# ---------------------------------------------------------------- transformers' from_pretrained
+
+@pytest.mark.parametrize("device_map,dtype", [("vnpu", None), ("vnpu:1", torch.bfloat16)])
+def test_from_pretrained_onto_vnpu_reads_the_weights_into_the_device(tmp_path, monkeypatch, device_map, dtype):
+    """A sharded checkpoint loaded with device_map=<vnpu>: every weight read from the files into device memory
+    (converted on the device when a dtype is asked for), equal to the CPU load."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path, max_shard_size="40KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2  # sharded
+    ref = LlamaForCausalLM.from_pretrained(tmp_path)
+    calls = _count_reads(monkeypatch)
+    model = LlamaForCausalLM.from_pretrained(tmp_path, device_map=device_map, **({} if dtype is None else
+                                                                                  {"dtype": dtype}))
+    state = model.state_dict()
+    assert len(calls) == len(dict(model.named_parameters()))
+    for k, v in ref.state_dict().items():
+        assert state[k].device == torch.device(device_map if ":" in device_map else "vnpu:0"), k
+        assert torch.equal(state[k].cpu(), v if dtype is None else v.to(dtype)), k

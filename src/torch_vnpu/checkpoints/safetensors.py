@@ -106,6 +106,39 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
     return out
 
 
+_headers: dict[tuple[str, int, int], tuple[int, dict]] = {}  # (path, size, mtime_ns) -> _header(path)
+
+
+def read_tensor(path: str | os.PathLike, name: str, device: torch.device) -> torch.Tensor | None:
+    """One tensor of a safetensors file read into vnpu memory (the file's header read once, validated by
+    safetensors); None if its dtype has no torch name here (packed float4, ...): read it with safetensors.
+
+    Stream-ordered as load_file. Raises what load_file raises; KeyError naming the file for an unknown name."""
+    from safetensors.torch import _TYPES
+
+    from .. import _C
+
+    path = os.fspath(path)
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _headers:
+        if len(_headers) > 64:
+            _headers.clear()
+        _headers[key] = _header(path)
+    start, header = _headers[key]
+    if name not in header:
+        raise KeyError(f"{path} has no tensor named {name!r}")
+    entry = header[name]
+    if entry["dtype"] not in _TYPES:
+        return None
+    begin, end = entry["data_offsets"]
+    with torch.vnpu.device(device):
+        out = torch.empty(entry["shape"], dtype=_TYPES[entry["dtype"]], device=device)
+        if end > begin:
+            _C._read_into_device(path, [(start + begin, end - begin, out.data_ptr(), name)], _CHUNK_BYTES, _SLOTS)
+    return out
+
+
 _dtype_rank: dict[str, int] | None = None
 
 

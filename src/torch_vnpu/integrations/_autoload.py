@@ -34,6 +34,7 @@ _TRIGGERS = {
     "accelerate": "huggingface",
     "transformers.training_args": "huggingface",
     "transformers.generation.utils": "huggingface",
+    "transformers.modeling_utils": "huggingface",
     "peft": "huggingface",
     # safetensors.torch, not safetensors: `import safetensors.torch` first imports torch (so torch_vnpu) while
     # it executes; the adapter needs the finished module.

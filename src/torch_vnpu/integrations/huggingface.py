@@ -61,6 +61,7 @@ _PATCH_IDS = {
     "_patch_accelerate_multiprocess": "huggingface.accelerate",
     "_patch_transformers": "huggingface.transformers",
     "_patch_transformers_generation": "huggingface.transformers",
+    "_patch_transformers_loading": "huggingface.transformers",
     "_patch_peft": "huggingface.peft",
     "_patch_safetensors": "huggingface.safetensors",
 }
@@ -243,6 +244,73 @@ def _patch_transformers_generation(device_type: str) -> None:
          f"10, MoE decode on {device_type} keeps grouped_mm")
 
 
+class _TrackedSafeOpen:
+    """A safetensors file handle (``safe_open``'s) whose slices remember their file and name."""
+
+    def __init__(self, handle, filename):
+        self._handle, self._filename = handle, os.fspath(filename)
+
+    def get_slice(self, name):
+        return _TrackedSlice(self._handle.get_slice(name), self._filename, name)
+
+    def __enter__(self):
+        self._handle.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+class _TrackedSlice:
+    """safetensors' lazy slice, with the file and tensor name it reads (torch_vnpu.checkpoints reads it whole)."""
+
+    def __init__(self, slice_, filename, name):
+        self._slice, self.filename, self.name = slice_, filename, name
+
+    def __getitem__(self, index):
+        return self._slice[index]
+
+    def __getattr__(self, name):
+        return getattr(self._slice, name)
+
+
+def _patch_transformers_loading(device_type: str) -> None:
+    import transformers.core_model_loading as cml
+    import transformers.modeling_utils as mu
+
+    # 13. from_pretrained(device_map=<vnpu>) materializes each weight from safetensors' memory map into a CPU
+    #     tensor and copies it with a blocking copy (on 4 threads). The weights are read from the file straight
+    #     into device memory through pinned buffers instead (torch_vnpu.checkpoints), dtype conversion on the
+    #     device. Other devices, partial slices (tensor parallel) and dtypes without a torch name keep
+    #     transformers' path; transformers shows its own progress bar.
+    orig_open = mu.safe_open
+
+    @functools.wraps(orig_open, updated=())
+    def safe_open(filename, *args, **kwargs):
+        return _TrackedSafeOpen(orig_open(filename, *args, **kwargs), filename)
+
+    _set(mu, "safe_open", safe_open, "13, slices remember their file")
+    orig_copy = cml._materialize_copy
+
+    @functools.wraps(orig_copy)
+    def _materialize_copy(tensor, device=None, dtype=None):
+        if isinstance(tensor, _TrackedSlice):
+            target = torch.device(device) if isinstance(device, (str, int)) and device != "disk" else device
+            if isinstance(target, torch.device) and target.type == device_type:
+                from ..checkpoints.safetensors import read_tensor
+
+                out = read_tensor(tensor.filename, tensor.name, target)
+                if out is not None:
+                    return out if dtype is None else out.to(dtype)
+            tensor = tensor._slice
+        return orig_copy(tensor, device, dtype)
+
+    _set(cml, "_materialize_copy", _materialize_copy, f"13, weights read into {device_type} memory")
+
+
 def _patch_peft() -> None:
     import peft.peft_model
     import peft.utils
@@ -345,6 +413,7 @@ _PARTS = {
     "accelerate": lambda t: _patch_accelerate(t),
     "transformers": lambda t: _patch_transformers(t),
     "transformers.generation": lambda t: _patch_transformers_generation(t),
+    "transformers.loading": lambda t: _patch_transformers_loading(t),
     "peft": lambda t: _patch_peft(),
     "safetensors": lambda t: _patch_safetensors(t),
 }
@@ -380,7 +449,8 @@ def _apply(part: str, device_type: str) -> None:
 def _on_import(module_name: str) -> None:
     """Called by torch_vnpu.integrations._autoload when ``module_name`` (accelerate, transformers.training_args,
     peft, safetensors) finished importing: patch that library if its version is one this adapter knows."""
-    part = "transformers.generation" if module_name == "transformers.generation.utils" else module_name.split(".", 1)[0]
+    part = {"transformers.generation.utils": "transformers.generation",
+            "transformers.modeling_utils": "transformers.loading"}.get(module_name, module_name.split(".", 1)[0])
     library = part.split(".", 1)[0]
     acc = _accelerator()
     if _mode == "off" or acc is None:
@@ -435,6 +505,7 @@ def enable() -> torch.device:
                 _apply("transformers", acc.type)
         if _installed("transformers"):
             _apply("transformers.generation", acc.type)
+            _apply("transformers.loading", acc.type)
         if _installed("peft"):
             _apply("peft", acc.type)
         if _installed("safetensors"):

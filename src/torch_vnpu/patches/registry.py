@@ -202,9 +202,12 @@ PATCHES: tuple[Patch, ...] = (
           "torch_vnpu.integrations.huggingface",
           ("transformers.training_args.TrainingArguments._setup_devices",
            "transformers.training_args.is_torch_bf16_gpu_available",
-           "transformers.generation.utils.GenerationMixin._optimize_model_for_decode"),
+           "transformers.generation.utils.GenerationMixin._optimize_model_for_decode",
+           "transformers.modeling_utils.safe_open", "transformers.core_model_loading._materialize_copy"),
           "TrainingArguments chooses its device from a list and falls back to the CPU; bf16 is refused off GPU "
-          "lists; generate() swaps MoE experts to batched_mm off CPU (3x slower with CPU kernels).",
+          "lists; generate() swaps MoE experts to batched_mm off CPU (3x slower with CPU kernels); "
+          "from_pretrained copies each weight from a CPU tensor of the memory-mapped file with a blocking copy "
+          "(read into vnpu memory through pinned buffers instead).",
           "Ask torch.accelerator where the lists end."),
     Patch("huggingface.peft", "peft", "0.21.0", "integration", "torch_vnpu.integrations.huggingface",
           ("peft.utils.other.infer_device",), "infer_device falls back to the CPU for unlisted devices.",
