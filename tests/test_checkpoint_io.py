@@ -423,3 +423,16 @@ def test_from_pretrained_onto_vnpu_reads_the_weights_into_the_device(tmp_path, m
     for k, v in ref.state_dict().items():
         assert state[k].device == torch.device(device_map if ":" in device_map else "vnpu:0"), k
         assert torch.equal(state[k].cpu(), v if dtype is None else v.to(dtype)), k
+
+
+def test_safe_open_get_tensor_onto_vnpu_reads_into_the_device(checkpoint, monkeypatch):
+    calls = _count_reads(monkeypatch)
+    ref = st.load_file(checkpoint, device="cpu")
+    with safetensors.safe_open(checkpoint, framework="pt", device="vnpu:1") as f:
+        keys = list(f.keys())
+        out = {k: f.get_tensor(k) for k in keys}
+        with pytest.raises(Exception, match="nope"):
+            f.get_tensor("nope")  # safetensors' own error
+    assert sorted(keys) == sorted(ref) and len(calls) == sum(1 for v in ref.values() if v.numel())
+    for k, v in ref.items():
+        assert out[k].device == torch.device("vnpu", 1) and torch.equal(_bits(out[k]), _bits(v)), k

@@ -264,6 +264,26 @@ class _TrackedSafeOpen:
         return getattr(self._handle, name)
 
 
+class _DeviceSafeOpen(_TrackedSafeOpen):
+    """A safetensors file handle opened onto a vnpu device: get_tensor reads the tensor into device memory."""
+
+    def __init__(self, handle, filename, device):
+        super().__init__(handle, filename)
+        self._device = device
+
+    def get_slice(self, name):
+        return self._handle.get_slice(name)
+
+    def get_tensor(self, name):
+        from ..checkpoints.safetensors import read_tensor
+
+        try:
+            out = read_tensor(self._filename, name, self._device)
+        except KeyError:  # not in the file: safetensors' own error
+            out = None
+        return out if out is not None else self._handle.get_tensor(name)
+
+
 class _TrackedSlice:
     """safetensors' lazy slice, with the file and tensor name it reads (torch_vnpu.checkpoints reads it whole)."""
 
@@ -355,7 +375,12 @@ def _patch_safetensors(device_type: str) -> None:
 
     @functools.wraps(orig_open, updated=())
     def safe_open(filename, framework, device="cpu", *args, **kwargs):
-        return orig_open(filename, framework, _safetensors_device(device, device_type), *args, **kwargs)
+        index = _safetensors_device(device, device_type)
+        handle = orig_open(filename, framework, index, *args, **kwargs)
+        if framework in ("pt", "torch") and isinstance(index, int) and not isinstance(index, bool):
+            # 11. get_tensor() onto vnpu reads the tensor from the file into device memory (torch_vnpu.checkpoints)
+            return _DeviceSafeOpen(handle, filename, torch.device(device_type, index))
+        return handle
 
     _set(safetensors, "safe_open", safe_open, f"7, device={device_type!r} -> index")
     _set(safetensors_torch, "safe_open", safe_open, "7")  # safetensors_torch.load_file calls this name

@@ -216,9 +216,9 @@ PATCHES: tuple[Patch, ...] = (
           ("safetensors.safe_open", "safetensors.torch.safe_open", "safetensors.torch.load_file",
            "safetensors.torch.save_file"),
           "safe_open(device='vnpu') is refused ('device vnpu is invalid'): device strings are parsed from a fixed "
-          "list, though a device index is accepted; vnpu strings are passed as the index. load_file onto vnpu "
-          "and save_file of vnpu tensors stream through pinned buffers (torch_vnpu.checkpoints) instead of a "
-          "blocking copy per tensor.",
+          "list, though a device index is accepted; vnpu strings are passed as the index. load_file and "
+          "safe_open().get_tensor onto vnpu, and save_file of vnpu tensors, stream through pinned buffers "
+          "(torch_vnpu.checkpoints) instead of a blocking copy per tensor.",
           "Accept any torch device string and hand it to torch."),
     Patch("lightning.accelerator", "lightning", "2.6.6", "integration", "torch_vnpu.integrations.lightning",
           ("lightning's _AcceleratorConnector (auto accelerator, single-device strategy, precision, fsdp check)",
