@@ -436,3 +436,28 @@ def test_safe_open_get_tensor_onto_vnpu_reads_into_the_device(checkpoint, monkey
     assert sorted(keys) == sorted(ref) and len(calls) == sum(1 for v in ref.values() if v.numel())
     for k, v in ref.items():
         assert out[k].device == torch.device("vnpu", 1) and torch.equal(_bits(out[k]), _bits(v)), k
+
+
+def test_torch_load_of_files_it_cannot_read_in_place_is_torch_s_own(tmp_path, monkeypatch):
+    """A torch.save file re-zipped with compression (its bytes are not the tensors' at their offsets) and a
+    TorchScript archive keep torch.load's path; so does a name torch cannot memory-map (not UTF-8); a file whose
+    memory map is not found (a newline in its name) is copied per storage. Values equal the CPU load."""
+    import zipfile
+
+    obj = _torch_checkpoint(tmp_path / "ckpt.pt")
+    with zipfile.ZipFile(tmp_path / "ckpt.pt") as src, \
+            zipfile.ZipFile(tmp_path / "deflated.pt", "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), tmp_path / "scripted.pt")
+    calls = _count_reads(monkeypatch)
+    out = torch.load(tmp_path / "deflated.pt", map_location="vnpu")
+    assert torch.equal(out["param"].cpu(), obj["param"]) and out["param"].device.type == "vnpu"
+    scripted = torch.load(tmp_path / "scripted.pt", map_location="vnpu", weights_only=False)
+    assert isinstance(scripted, torch.jit.ScriptModule) and scripted.weight.device.type == "vnpu"
+    assert calls == []
+    for name in ("new\nline.pt", os.fsdecode(b"bytes\xff.pt")):
+        os.link(tmp_path / "ckpt.pt", tmp_path / name)
+        out = torch.load(tmp_path / name, map_location="vnpu")
+        assert torch.equal(out["param"].cpu(), obj["param"]) and out["param"].device.type == "vnpu", name
+    assert calls == []

@@ -36,22 +36,33 @@ def _vnpu_device(map_location: object) -> torch.device | None:
 
 
 def streams(f: object, map_location: object) -> bool:
-    """Whether ``load`` streams this call: a path to a file in torch.save's zip format, loaded to a vnpu device."""
+    """Whether ``load`` streams this call: a path to a file in torch.save's zip format (tensor data stored, not
+    compressed; not a TorchScript archive), loaded to a vnpu device."""
     if _vnpu_device(map_location) is None or not isinstance(f, (str, os.PathLike)):
+        return False
+    try:
+        os.fspath(f).encode()  # torch's memory map of the file takes UTF-8 names only
+    except (UnicodeEncodeError, TypeError):
         return False
     import zipfile
 
     try:
-        return zipfile.is_zipfile(os.fspath(f))
-    except OSError:
+        with zipfile.ZipFile(os.fspath(f)) as z:
+            infos = z.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
         return False
+    names = [i.filename for i in infos]
+    if any(n.endswith("/constants.pkl") for n in names):  # TorchScript: torch.jit.load takes devices only
+        return False
+    # Storages are read at their offset in the file: only bytes stored as they are (torch.save's way)
+    return all(i.compress_type == zipfile.ZIP_STORED for i in infos if "/data/" in i.filename)
 
 
 class _FileMap:
     """Where a host address inside the memory map of ``path`` lies in the file (from /proc/self/maps)."""
 
     def __init__(self, path: str):
-        self.path = os.path.realpath(path)
+        self.path = os.fsencode(os.path.realpath(path))  # /proc/self/maps holds raw bytes, not text
         self.ranges: list[tuple[int, int, int]] = []  # (start, end, file offset of start)
 
     def offset(self, address: int) -> int | None:
@@ -66,11 +77,11 @@ class _FileMap:
 
     def _read_maps(self) -> None:
         self.ranges = []
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps", "rb") as maps:
             for line in maps:
                 parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].rstrip("\n") == self.path:
-                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                if len(parts) == 6 and parts[5].rstrip(b"\n") == self.path:
+                    start, end = (int(x, 16) for x in parts[0].split(b"-"))
                     self.ranges.append((start, end, int(parts[2], 16)))
 
 
@@ -107,7 +118,7 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
         nbytes = storage.nbytes()
         offset = where.offset(storage.data_ptr()) if nbytes else None
         if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
-            return storage.to(device)
+            return storage.to(device=device)
         with torch.vnpu.device(device):
             out = torch.UntypedStorage(nbytes, device=device)
             if nbytes:
@@ -124,10 +135,11 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     progress = bar(os.path.getsize(path), "Loading", path)
     try:
         return torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
-    except BaseException as e:
+    except (RuntimeError, OSError, KeyboardInterrupt) as e:  # out of memory, a failed read, Ctrl-C
         # Nothing stays allocated: torch.load's frames below this one (kept by the traceback, with the closures
         # that hold the storages restored so far) are dropped from the traceback, and the storages go back to
-        # the allocator (stream-ordered) once that reference cycle is collected.
+        # the allocator (stream-ordered) once that reference cycle is collected. (Other exceptions, bugs
+        # rather than conditions to recover from, keep their whole traceback.)
         import gc
 
         if e.__traceback__ is not None and e.__traceback__.tb_frame is sys._getframe():
