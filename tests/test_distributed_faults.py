@@ -100,6 +100,36 @@ def _subgroup_peer_absent(rank, ws):
     return out
 
 
+def _dead_peer_result_copied_to_another_device(rank, ws):
+    """The result of a collective whose peer died, copied to another device and read there: the copy fails on that
+    device (Note [Errors follow peer copies]) instead of handing it the un-reduced values."""
+    dist.barrier()
+    if rank == 1:
+        threading.Timer(0.5, lambda: os._exit(0)).start()
+        return None
+    time.sleep(2.0)
+    x = torch.ones(4, device="vnpu:0")
+    dist.all_reduce(x, async_op=True).wait()
+    try:
+        got = ("no error", x.to("vnpu:1").cpu().tolist())
+    except RuntimeError as e:
+        got = (type(e).__name__, str(e))
+    try:
+        torch.vnpu.synchronize(0)
+        own = None
+    except RuntimeError as e:
+        own = str(e)
+    return got, own
+
+
+def test_a_failed_collectives_result_copied_to_another_device_raises_there():
+    (kind, msg), own = run_world(2, _dead_peer_result_copied_to_another_device,
+                                 init_kwargs={"timeout": datetime.timedelta(seconds=5)})[0]
+    assert kind != "no error", f"the un-reduced tensor was returned: {msg}"
+    assert "vnpu:0" in msg and "vccl: all_reduce" in msg, msg
+    assert own is not None and "vccl: all_reduce" in own, own  # the collective's device reports it too
+
+
 def _many_absent_peers(rank, ws, n):
     """Synchronous all_reduces whose peer never calls, each read at once while two threads load the CPU: the read
     must raise every time. (The hold stream's gate could claim the report and the caller's gate then return

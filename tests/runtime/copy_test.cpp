@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -72,6 +74,30 @@ TEST_F(CopyTest, DeviceToDeviceAcrossDevices) {
   ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
   ASSERT_EQ(vnpuMemcpy(back.data(), on1.get(), n * sizeof(int), vnpuMemcpyDeviceToHost), vnpuSuccess);
   EXPECT_EQ(back, src);
+}
+
+// Note [Errors follow peer copies]: a copy from a device with a pending error (the kernel that produced the
+// source failed) fails on the destination device instead of handing over the unfinished values.
+TEST_F(CopyTest, APeerCopyFromADeviceWithAPendingErrorFailsOnTheDestination) {
+  VNPU_REQUIRE_DEVICES(2);
+  DeviceBuffer on0(sizeof(int));
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  DeviceBuffer on1(sizeof(int));
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
+  ASSERT_EQ(vnpuLaunchKernel(nullptr, "producer", [] { throw std::runtime_error("the producer failed"); }),
+            vnpuSuccess);
+  while (vnpuStreamQuery(nullptr) == vnpuErrorNotReady) std::this_thread::yield();  // ran; error not taken
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  EXPECT_EQ(vnpuMemcpy(on1.get(), on0.get(), sizeof(int), vnpuMemcpyDeviceToDevice), vnpuErrorLaunchFailure);
+  const std::string msg = vnpuGetLastErrorString();
+  EXPECT_NE(msg.find("vnpu:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the producer failed"), std::string::npos) << msg;
+  // Without a pending error on the source's device the copy works again.
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
+  EXPECT_EQ(vnpuGetLastError(), vnpuErrorLaunchFailure);
+  ASSERT_EQ(vnpuSetDevice(1), vnpuSuccess);
+  EXPECT_EQ(vnpuMemcpy(on1.get(), on0.get(), sizeof(int), vnpuMemcpyDeviceToDevice), vnpuSuccess);
+  ASSERT_EQ(vnpuSetDevice(0), vnpuSuccess);
 }
 
 TEST_F(CopyTest, HostToHost) {

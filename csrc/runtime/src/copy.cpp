@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 using namespace vnpu::rt;
 
@@ -134,6 +136,20 @@ vnpuError_t vnpuMemcpyAsync(void* dst, const void* src, size_t count, vnpuMemcpy
           ran->store(true);
         }, nullptr, info));
       }
+    }
+    const int src_device = device_of(src);
+    if (kind == vnpuMemcpyDeviceToDevice && src_device != s->device) {
+      // Note [Errors follow peer copies]: a device's pending error stays that device's, so a copy of a failed
+      // kernel's output to another device (a collective whose peer died) would hand the other device the
+      // unfinished values and nothing to raise there. The copy fails instead, on the destination device.
+      return finish_submission(s, s->submit(name, [dst, src, count, src_device] {
+        if (peek_device_error(src_device) != vnpuSuccess) {
+          throw std::runtime_error("its source, on vnpu:" + std::to_string(src_device) +
+                                   ", was produced by a failed kernel (" + vnpuGetLastErrorString() +
+                                   "); the copy was not made");
+        }
+        std::memmove(dst, src, count);
+      }, nullptr, info));
     }
     return finish_submission(s, s->submit(name, [dst, src, count] { std::memmove(dst, src, count); }, nullptr,
                                           info));
