@@ -114,19 +114,24 @@ def _dead_peer_result_copied_to_another_device(rank, ws):
         got = ("no error", x.to("vnpu:1").cpu().tolist())
     except RuntimeError as e:
         got = (type(e).__name__, str(e))
+    try:  # a converting copy (a kernel, not a memcpy)
+        converted = ("no error", x.to("vnpu:1", torch.float64).cpu().tolist())
+    except RuntimeError as e:
+        converted = (type(e).__name__, str(e))
     try:
         torch.vnpu.synchronize(0)
         own = None
     except RuntimeError as e:
         own = str(e)
-    return got, own
+    return got, converted, own
 
 
 def test_a_failed_collectives_result_copied_to_another_device_raises_there():
-    (kind, msg), own = run_world(2, _dead_peer_result_copied_to_another_device,
-                                 init_kwargs={"timeout": datetime.timedelta(seconds=5)})[0]
-    assert kind != "no error", f"the un-reduced tensor was returned: {msg}"
-    assert "vnpu:0" in msg and "vccl: all_reduce" in msg, msg
+    got, converted, own = run_world(2, _dead_peer_result_copied_to_another_device,
+                                    init_kwargs={"timeout": datetime.timedelta(seconds=5)})[0]
+    for kind, msg in (got, converted):
+        assert kind != "no error", f"the un-reduced tensor was returned: {msg}"
+        assert "vnpu:0" in msg and "vccl: all_reduce" in msg, msg
     assert own is not None and "vccl: all_reduce" in own, own  # the collective's device reports it too
 
 

@@ -65,7 +65,11 @@ void device_to_device(Tensor& dst, const Tensor& src) {
   c10::DeviceGuard guard(dst.device());
   auto dst_stream = getCurrentVNPUStream(dd);
   const bool memcpy = same_dense_layout(dst, src);
-  std::function<void()> kernel = [ds = spec_of(dst), ss = spec_of(src)] {
+  std::function<void()> kernel = [ds = spec_of(dst), ss = spec_of(src), sd, dd] {
+    if (sd != dd && vnpuDevicePeekError(sd) != vnpuSuccess) {  // Note [Errors follow peer copies] (runtime)
+      throw std::runtime_error("its source, on vnpu:" + std::to_string(sd) + ", was produced by a failed kernel (" +
+                               vnpuGetLastErrorString() + "); the copy was not made");
+    }
     AliasContext ctx;
     ctx.make(ds).copy_(ctx.make(ss));
   };

@@ -82,3 +82,4 @@ const char* vnpuGetLastErrorString() { return t_last_message.c_str(); }
 
 vnpuError_t vnpuGetLastError() { return take_device_error(current_device()); }
 vnpuError_t vnpuPeekAtLastError() { return peek_device_error(current_device()); }
+vnpuError_t vnpuDevicePeekError(int device) { return peek_device_error(device); }

@@ -122,6 +122,9 @@ const char* vnpuGetErrorString(vnpuError_t error);
 // Returns and clears the last asynchronous error of the current device.
 vnpuError_t vnpuGetLastError();
 vnpuError_t vnpuPeekAtLastError();
+// The pending asynchronous error of `device` (any device, not cleared). For a
+// kernel that reads another device's memory: its failed producer's error.
+vnpuError_t vnpuDevicePeekError(int device);
 // Message of the last error reported by this thread (e.g. the failing kernel).
 const char* vnpuGetLastErrorString();
 
