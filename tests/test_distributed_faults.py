@@ -100,14 +100,21 @@ def _subgroup_peer_absent(rank, ws):
     return out
 
 
-def _dead_peer_result_copied_to_another_device(rank, ws):
-    """The result of a collective whose peer died, copied to another device and read there: the copy fails on that
-    device (Note [Errors follow peer copies]) instead of handing it the un-reduced values."""
+def _peer_dies(rank):
+    """Rank 1 exits 0.5 s after the barrier (True there); rank 0 goes on 2 s later, its peer gone."""
     dist.barrier()
     if rank == 1:
         threading.Timer(0.5, lambda: os._exit(0)).start()
-        return None
+        return True
     time.sleep(2.0)
+    return False
+
+
+def _dead_peer_result_copied_to_another_device(rank, ws):
+    """The result of a collective whose peer died, copied to another device and read there: the copy fails on that
+    device (Note [Errors follow peer copies]) instead of handing it the un-reduced values."""
+    if _peer_dies(rank):
+        return None
     x = torch.ones(4, device="vnpu:0")
     dist.all_reduce(x, async_op=True).wait()
     try:
@@ -516,11 +523,8 @@ def _dead_peer_never_waited(rank, ws, how):
     or its future taken), then synchronizes the device, as code written for torch.cuda does
     (torch.cuda.synchronize() orders the host after NCCL's stream). That must raise, never hand back the
     un-reduced tensor; after the one report the device works again."""
-    dist.barrier()
-    if rank == 1:
-        threading.Timer(0.5, lambda: os._exit(0)).start()
+    if _peer_dies(rank):
         return None
-    time.sleep(2.0)
     x = torch.ones(4, device="vnpu")
     t0 = time.perf_counter()
     w = dist.all_reduce(x, async_op=True)
