@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_set>
 #include <vector>
 
 namespace c10::vnpu::allocator {
@@ -69,6 +70,17 @@ struct PrivatePool {
   int use_count = 1;           // graphs holding the pool
   int segments = 0;            // classic segments it owns (count)
 };
+
+// Note [Graph pool checkpoints]
+// Inductor's graph trees (torch.compile mode="reduce-overhead") record many graphs
+// into one private pool. After recording a graph they checkpoint the pool's
+// layout (which blocks of which segments are allocated: its outputs); before
+// recording a sibling, or replaying after a different path, they restore it:
+// every allocated block of the pool is freed, each checkpointed segment is split
+// as recorded and its allocated blocks are allocated again, so the new recording
+// sees the memory exactly as the graph it continues left it. The restored blocks
+// come back as owning DataPtrs that the trees hand to the storages still alive;
+// the rest they free with raw_delete (CUDA's setCheckpointPoolState contract).
 
 struct Block {
   DeviceIndex device;
@@ -183,6 +195,8 @@ int64_t unix_time_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+void delete_block(void* ptr);  // the caching DataPtrs' deleter (below)
 
 class DeviceCachingAllocator {
  public:
@@ -326,6 +340,118 @@ class DeviceCachingAllocator {
     return {0, 0};
   }
 
+  // ---- graph pool checkpoints: See Note [Graph pool checkpoints] ----------------------------
+
+  PrivatePool* checkpointed_pool(MempoolId_t id) {
+    auto it = graph_pools_.find(id);
+    TORCH_CHECK(it != graph_pools_.end(), "vnpu graph pool (", id.first, ", ", id.second, ") does not exist on vnpu:",
+                static_cast<int>(device_));
+    return it->second.get();
+  }
+
+  std::vector<Block*> pool_segments(const PrivatePool* pool) {
+    std::vector<Block*> heads;
+    for (Block* head : segments_) if (head->pool->owner == pool) heads.push_back(head);
+    std::sort(heads.begin(), heads.end(), [](Block* a, Block* b) { return a->ptr < b->ptr; });
+    return heads;
+  }
+
+  std::shared_ptr<PoolCheckpoint> checkpoint_pool(MempoolId_t id) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    auto out = std::make_shared<PoolCheckpoint>();
+    out->device = device_;
+    out->pool = id;
+    for (Block* head : pool_segments(checkpointed_pool(id))) {
+      PoolCheckpoint::SegmentState seg;
+      seg.ptr = head->ptr;
+      for (Block* b = head; b != nullptr; b = b->next) seg.blocks.push_back({b->size, b->requested, b->allocated});
+      out->segments.push_back(std::move(seg));
+    }
+    return out;
+  }
+
+  CheckpointDelta restore_pool(const PoolCheckpoint& cp) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    PrivatePool* pool = checkpointed_pool(cp.pool);
+    for (const auto& [id, filter] : captures_underway_) {
+      TORCH_CHECK(id != cp.pool, "vnpu graph pool checkpoint: the pool is being captured into");
+    }
+    CheckpointDelta delta;
+    std::vector<void*> live;
+    for (const auto& [ptr, b] : active_) if (b->pool->owner == pool) live.push_back(ptr);
+    std::sort(live.begin(), live.end());
+    for (void* ptr : live) {
+      raw_blocks_.erase(ptr);
+      free(active_.at(ptr), Context{});
+      delta.ptrs_freed.push_back(ptr);
+    }
+    // A block another stream used is free once that stream passed the free: wait for it here, as
+    // the checkpoint's layout needs every block of the pool back.
+    for (auto it = events_.begin(); it != events_.end();) {
+      Block* b = it->second;
+      if (b->pool->owner != pool) {
+        ++it;
+        continue;
+      }
+      VNPU_CHECK(vnpuEventSynchronize(it->first));
+      vnpuEventDestroy(it->first);
+      it = events_.erase(it);
+      if (--b->event_count == 0) free_block(b);
+    }
+    std::unordered_set<Block*> heads;
+    for (Block* head : pool_segments(pool)) heads.insert(head);
+    for (const auto& seg : cp.segments) {
+      Block* head = nullptr;
+      for (Block* h : heads) if (h->ptr == seg.ptr) head = h;
+      TORCH_CHECK(head != nullptr, "vnpu graph pool checkpoint: segment ", seg.ptr, " of the pool was released");
+      TORCH_CHECK(head->next == nullptr && head->is_free(), "vnpu graph pool checkpoint: a block of segment ",
+                  seg.ptr, " is still in use (freed during a capture, or by a stream that has not reached its free)");
+      size_t total = 0;
+      for (const auto& bs : seg.blocks) total += bs.size;
+      TORCH_CHECK(total == head->size, "vnpu graph pool checkpoint: segment ", seg.ptr, " has ", head->size,
+                  " bytes, the checkpoint ", total);
+      remove_free(head);
+      std::vector<Block*> blocks;
+      Block* cur = head;
+      for (size_t i = 0; i < seg.blocks.size(); ++i) {
+        if (i + 1 < seg.blocks.size()) split_after(cur, seg.blocks[i].size);
+        blocks.push_back(cur);
+        cur = cur->next;
+      }
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        Block* b = blocks[i];
+        if (!seg.blocks[i].allocated) {
+          insert_free(b);
+          continue;
+        }
+        b->allocated = true;
+        b->requested = seg.blocks[i].requested;
+        active_[b->ptr] = b;
+        raw_blocks_.insert(b->ptr);  // owned by whoever takes the DataPtr; else freed by rawDelete
+        update(stats_.allocation, *b->pool, 1, true);
+        update(stats_.allocated_bytes, *b->pool, b->size, true);
+        update(stats_.active, *b->pool, 1, true);
+        update(stats_.active_bytes, *b->pool, b->size, true);
+        update(stats_.requested_bytes, *b->pool, b->requested, true);
+        report_to_profiler(b->ptr, static_cast<int64_t>(b->size));
+        delta.dataptrs_allocd.emplace_back(b->ptr, b->ptr, &delete_block, Device(DeviceType::PrivateUse1, device_));
+      }
+    }
+    return delta;
+  }
+
+  bool check_pool_live(MempoolId_t id, const std::unordered_set<void*>& expected) {
+    std::lock_guard<std::recursive_mutex> g(mu_);
+    const PrivatePool* pool = checkpointed_pool(id);
+    size_t n = 0;
+    for (const auto& [ptr, b] : active_) {
+      if (b->pool->owner != pool) continue;
+      if (expected.count(ptr) == 0) return false;
+      ++n;
+    }
+    return n == expected.size();
+  }
+
   void free(Block* block, const Context& context) {
     std::lock_guard<std::recursive_mutex> g(mu_);
     block->allocated = false;
@@ -403,6 +529,7 @@ class DeviceCachingAllocator {
     std::lock_guard<std::recursive_mutex> g(mu_);
     auto it = active_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != active_.end(), "vnpu caching allocator: freeing an unknown pointer ", ptr);
+    if (!raw_blocks_.empty()) raw_blocks_.erase(ptr);  // a checkpoint's block that a storage took
     free(it->second, context);
   }
 
@@ -1300,6 +1427,22 @@ void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(
 void endAllocateToPool(DeviceIndex device, MempoolId_t id) { device_allocator(device).end_allocate_to_pool(id); }
 void releasePool(DeviceIndex device, MempoolId_t id) { device_allocator(device).release_pool(id); }
 int poolUseCount(DeviceIndex device, MempoolId_t id) { return device_allocator(device).pool_use_count(id); }
+
+std::shared_ptr<PoolCheckpoint> getCheckpointState(DeviceIndex device, MempoolId_t id) {
+  check_caching("graph pool checkpoints");
+  return device_allocator(device).checkpoint_pool(id);
+}
+CheckpointDelta setCheckpointPoolState(DeviceIndex device, const PoolCheckpoint& state) {
+  check_caching("graph pool checkpoints");
+  TORCH_CHECK(state.device == device, "a checkpoint of vnpu:", static_cast<int>(state.device),
+              "'s graph pool cannot be restored on vnpu:", static_cast<int>(device));
+  return device_allocator(device).restore_pool(state);
+}
+bool checkPoolLiveAllocations(DeviceIndex device, MempoolId_t id, const std::unordered_set<void*>& expected) {
+  check_caching("graph pool checkpoints");
+  return device_allocator(device).check_pool_live(id, expected);
+}
+DeleterFnPtr cachingDeleter() { return &delete_block; }
 
 void resetPeakStats(DeviceIndex d) {
   check_caching("resetPeakStats");

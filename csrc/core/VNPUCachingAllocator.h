@@ -28,6 +28,9 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <functional>
+#include <memory>
+#include <unordered_set>
+#include <vector>
 
 namespace c10::vnpu::allocator {
 
@@ -59,6 +62,38 @@ void releasePool(DeviceIndex device, MempoolId_t id);
 // Holders of pool `id` on `device` (graphs, MemPools, open use_mem_pool scopes); 0 for an unknown pool.
 int poolUseCount(DeviceIndex device, MempoolId_t id);
 void resetPeakStats(DeviceIndex device);
+// Graph pool checkpoints (CUDA's getCheckpointState / setCheckpointPoolState / checkPoolLiveAllocations),
+// which Inductor's graph trees use to let a new recording continue where an earlier one left its pool: see
+// Note [Graph pool checkpoints] in the .cpp.
+struct PoolCheckpoint {
+  struct BlockState {
+    size_t size = 0;       // bytes
+    size_t requested = 0;  // bytes asked for
+    bool allocated = false;
+  };
+  struct SegmentState {
+    void* ptr = nullptr;  // the segment's first byte
+    std::vector<BlockState> blocks;  // in address order, covering the segment
+  };
+  DeviceIndex device = 0;
+  MempoolId_t pool{0, 0};
+  std::vector<SegmentState> segments;
+};
+struct CheckpointDelta {
+  std::vector<void*> ptrs_freed;         // blocks of the pool that were allocated and are now free
+  std::vector<DataPtr> dataptrs_allocd;  // blocks allocated by the checkpoint, owning (the caching deleter)
+};
+// The layout of pool `id` on `device` now: its segments and which of their blocks are allocated.
+std::shared_ptr<PoolCheckpoint> getCheckpointState(DeviceIndex device, MempoolId_t id);
+// Frees every allocated block of the checkpoint's pool, then splits the pool's segments as the checkpoint
+// recorded them and allocates its allocated blocks again. Dropping a returned DataPtr frees its block;
+// a block whose DataPtr released its context stays allocated until rawDelete. Raises if a segment of the
+// checkpoint was released or a block is still in use by another stream's pending work.
+CheckpointDelta setCheckpointPoolState(DeviceIndex device, const PoolCheckpoint& state);
+// True if the allocated blocks of pool `id` are exactly those starting at `expected`.
+bool checkPoolLiveAllocations(DeviceIndex device, MempoolId_t id, const std::unordered_set<void*>& expected);
+// The deleter of the caching allocator's DataPtrs (CUDA's raw_deleter; a storage "has the standard deleter").
+DeleterFnPtr cachingDeleter();
 // torch.vnpu.set_per_process_memory_fraction (CUDA's setMemoryFraction): from now on, the device memory
 // the allocator reserves on `device` (segments, mapped pages) stays within fraction x capacity; a request
 // past it first releases cached memory, then raises OutOfMemoryError. Throws for a fraction outside [0, 1].

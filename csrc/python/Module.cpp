@@ -21,6 +21,7 @@
 #include "../sanitizer/Sanitizer.h"
 #include "Interrupts.h"
 #include "CheckpointIO.h"
+#include "GraphTrees.h"
 #include "Ipc.h"
 #include "MemoryHistory.h"
 
@@ -327,6 +328,7 @@ PYBIND11_MODULE(_C, m) {
 
   // torch.multiprocessing with vnpu tensors (src/torch_vnpu/_multiprocessing_reductions.py).
   torch_vnpu::bind_ipc(m);
+  torch_vnpu::bind_graph_trees(m);
   torch_vnpu::bind_checkpoint_io(m);
 
   // Distributed (vccl), defined lazily by torch_vnpu.distributed.

@@ -43,7 +43,7 @@ def register_inductor() -> None:
     from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
     from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN, DEVICE_TO_INT
 
-    from . import aoti, cpu_assumptions, flex_attention
+    from . import aoti, cpu_assumptions, flex_attention, graph_trees
     from .cache_key import VnpuCodegenVersion
     from .codegen import CODEGEN_CLASSES
     from .device_op_overrides import VnpuDeviceOpOverrides
@@ -51,6 +51,7 @@ def register_inductor() -> None:
     register_dynamo()
     cpu_assumptions.apply()
     aoti.apply()
+    graph_trees.apply()
     # The C++ wrapper's device constant (aoti_torch_device_type_privateuse1()); vnpu is PrivateUse1.
     DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
     # AOTInductor's input device check (AOTI_RUNTIME_CHECK_INPUTS=1): c10::DeviceType::PrivateUse1.

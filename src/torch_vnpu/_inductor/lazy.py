@@ -13,6 +13,9 @@
 * fake convolutions: right after ``torch._subclasses.fake_impls`` has been
   executed (``import torch`` does), vnpu convolutions get CPU's output memory
   format (:mod:`.fake_conv`).
+* graph trees: right after ``torch._inductor.cudagraph_trees`` has been executed (``mode="reduce-overhead"``
+  or ``torch.compiler.cudagraph_mark_step_begin()`` imports it), its code runs again with CUDA's names
+  answered by vnpu (:mod:`.graph_trees`), before anyone used its state.
 * flex_attention: right after ``torch.nn.attention.flex_attention`` has been
   executed, it accepts vnpu tensors (:mod:`.flex_attention`).
 """
@@ -28,6 +31,7 @@ _DYNAMO_MODULE = "torch._dynamo.device_interface"
 _INDUCTOR_MODULE = "torch._inductor.codegen.common"
 _FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
 _FAKE_IMPLS_MODULE = "torch._subclasses.fake_impls"
+_GRAPH_TREES_MODULE = "torch._inductor.cudagraph_trees"
 
 
 def _register_dynamo(_module: ModuleType) -> None:
@@ -46,6 +50,12 @@ def _patch_fake_conv(module: ModuleType) -> None:
     from .fake_conv import patch
 
     patch(module)
+
+
+def _retarget_graph_trees(_module: ModuleType) -> None:
+    from . import graph_trees
+
+    graph_trees.apply()
 
 
 def _hook_inductor(common: ModuleType) -> None:
@@ -72,6 +82,7 @@ def install() -> None:
     when_imported(_DYNAMO_MODULE, _register_dynamo)
     when_imported(_FLEX_ATTENTION_MODULE, _patch_flex_attention)
     when_imported(_FAKE_IMPLS_MODULE, _patch_fake_conv)
+    when_imported(_GRAPH_TREES_MODULE, _retarget_graph_trees)
     if _INDUCTOR_MODULE in sys.modules:
         # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
         # registered its backends, so register now; Inductor's modules are all importable at this point.

@@ -18,6 +18,7 @@ from torch._inductor import config
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
 
+from . import graph_trees
 from .scheduling import VNPU_KERNEL_MARK
 
 _CPU_BINDING = "async_compile.cpp_pybinding("
@@ -61,11 +62,11 @@ class VnpuPythonWrapperCodegen(_VnpuKernelCalls, PythonWrapperCodegen):
         if is_subgraph:
             assert subgraph_name is not None and parent_wrapper is not None
             return VnpuSubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
-        if config.triton.cudagraphs:
+        if config.triton.cudagraphs and not graph_trees.is_applied():
             warnings.warn(
-                "CUDA graphs (torch.compile mode='reduce-overhead' or 'max-autotune') do not exist on vnpu: the "
-                "graph runs without them, as with mode='max-autotune-no-cudagraphs' or 'default' (each kernel is "
-                "launched on the current vnpu stream)",
+                "CUDA graphs (torch.compile mode='reduce-overhead' or 'max-autotune') are not recorded for vnpu in "
+                "this process (torch is built with CUDA, or an earlier warning said why): the graph runs without "
+                "them, each kernel launched on the current vnpu stream",
                 UserWarning,
             )
         return VnpuPythonWrapperCodegen()

@@ -31,6 +31,7 @@ What each patch does and the upstream change that would make it unnecessary: ``d
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -242,6 +243,35 @@ def _patch_transformers_generation(device_type: str) -> None:
 
     _set(GenerationMixin, "_optimize_model_for_decode", _optimize_model_for_decode,
          f"10, MoE decode on {device_type} keeps grouped_mm")
+
+    # 14. generate() compiles the decode step (mode="reduce-overhead": graphs) with a compilable cache only on the
+    #     devices it lists (cuda, xpu, neuron, tpu); on vnpu a static-cache generate() silently stayed eager.
+    #     vnpu passes the hardware check, as with CompileConfig's _compile_all_devices; every other criterion
+    #     (cache type, quantizer, offload, disable_compile) is transformers' own.
+    from transformers.generation.configuration_utils import CompileConfig
+
+    orig_criteria = GenerationMixin.__dict__["_valid_auto_compile_criteria"]
+
+    @functools.wraps(orig_criteria)
+    def _valid_auto_compile_criteria(self, model_kwargs, generation_config):
+        user_config = generation_config.compile_config
+        if self.device.type != device_type or (user_config is not None and user_config._compile_all_devices):
+            return orig_criteria(self, model_kwargs, generation_config)
+        probe = copy.copy(generation_config)
+        probe.compile_config = copy.copy(user_config) if user_config is not None else CompileConfig()
+        probe.compile_config._compile_all_devices = True
+        if user_config is not None:
+            return orig_criteria(self, model_kwargs, probe)
+        # Without a compile_config of the user's, transformers' "you have set compile_config" warning is not theirs.
+        gen_logger = logging.getLogger("transformers.generation.utils")
+        disabled, gen_logger.disabled = gen_logger.disabled, True
+        try:
+            return orig_criteria(self, model_kwargs, probe)
+        finally:
+            gen_logger.disabled = disabled
+
+    _set(GenerationMixin, "_valid_auto_compile_criteria", _valid_auto_compile_criteria,
+         f"14, generate() compiles its decode step on {device_type}")
 
 
 class _TrackedSafeOpen:

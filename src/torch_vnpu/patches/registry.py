@@ -107,6 +107,25 @@ PATCHES: tuple[Patch, ...] = (
           "AOTInductor builds a package for a device from its GPU template; a vnpu model is built as a CPU model "
           "and tagged AOTI_DEVICE_KEY='vnpu' so aoti_load_package creates vnpu's runner.",
           "Let an out-of-tree device build AOTInductor models with the CPU code generator."),
+    Patch("inductor.graph-trees", "torch", _TORCH, "import of torch._inductor.cudagraph_trees",
+          "torch_vnpu._inductor.graph_trees",
+          ("torch._inductor.cudagraph_trees (module code re-run)", "torch._inductor.compile_fx.cudagraphify_impl"),
+          "Inductor's graph trees and its simple cudagraphify call torch.cuda and CUDA's allocator bindings by "
+          "name, so mode='reduce-overhead' could not record graphs on any other device (XPU: a silent no-op). "
+          "Their code runs unchanged with each CUDA name (torch.cuda.*, torch._C._cuda_*, Tensor.is_cuda) "
+          "answered by vnpu. Only in a torch built without CUDA (else they stay CUDA's, and vnpu graphs compile "
+          "without graphs).",
+          "Device-generic graph trees: the graph, stream and allocator-pool calls taken from the device "
+          "interface (pytorch/pytorch RFC #180168, PRs #190301, #191906, #194598)."),
+    Patch("inductor.graph-gates", "torch", _TORCH, "import of torch._inductor.cudagraph_trees",
+          "torch_vnpu._inductor.graph_trees",
+          ("torch._inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes",
+           "torch._inductor.cudagraph_utils.check_caching_allocator_for_cudagraphs",
+           "torch._inductor.cudagraph_utils.collect_cuda_data_ptrs",
+           "torch._inductor.scheduler.Scheduler.should_partition"),
+          "Inductor admits a graph to CUDA graphs only if its one device is 'cuda', and graph partitioning cuts "
+          "every node that is not a GPU (Triton) node out of the graphs; vnpu graphs were always skipped.",
+          "Ask the device interface whether the device records graphs, instead of comparing with 'cuda'."),
     Patch("inductor.current-backend", "torch", _TORCH, "first compile", _IND,
           ("torch._inductor.utils.get_current_backend",),
           "Every unknown device maps to Triton, so C++ kernels of vnpu graphs took Triton's masked-load branch and "

@@ -1,0 +1,192 @@
+"""``torch.compile(mode="reduce-overhead")`` on vnpu: Inductor's CUDA-graph trees, recording vnpu graphs.
+
+Inductor's graph trees (``torch/_inductor/cudagraph_trees.py``) warm a compiled graph up, record it into a vnpu
+graph in a private memory pool shared along a tree of graphs, replay it after checking its static inputs, re-record
+when shapes or static inputs change, and invalidate the outputs a later replay overwrites. The module is written
+against ``torch.cuda`` and CUDA's bindings; its logic is device-neutral. This adapter runs Inductor's own code with
+each CUDA name answered by vnpu (``_CudaOnVnpu`` and ``_BindingsOnVnpu`` below): nothing of the trees is
+re-implemented, and the names it changes are counted so that a different torch fails loudly (``apply`` then warns
+and graphs stay off).
+
+What vnpu answers, and where:
+- the device module (``torch.cuda.graph``, ``CUDAGraph``, ``Stream``, ``synchronize``, ...): ``torch.vnpu``;
+- the caching allocator's graph pool calls (begin/end allocating the current thread to a pool, release, pool
+  checkpoints, live-allocation check, raw delete): ``torch_vnpu._C`` (csrc/python/GraphTrees.cpp,
+  Note [Graph pool checkpoints]);
+- ``Tensor.is_cuda`` in the trees' output checks: ``Tensor.is_vnpu``;
+- the gates that admit a graph (one device, and it is CUDA; partitions around non-GPU nodes): vnpu.
+
+Applied at the first compile, only when torch is built without CUDA (then nothing else can use the trees; a
+CUDA build keeps them for CUDA and compiles vnpu graphs without graphs, with a warning). Patches
+``inductor.graph-trees`` and ``inductor.graph-gates`` in the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import textwrap
+import warnings
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..patches import record, replace
+
+_DEVICE = "vnpu"
+_applied = False
+
+
+class _CudaOnVnpu:
+    """The ``torch.cuda`` names the trees call, answered by ``torch.vnpu`` (``CUDAGraph`` is ``VNPUGraph``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.vnpu, "VNPUGraph" if name == "CUDAGraph" else name)
+
+
+def _construct_tensor(metadata: dict[str, Any], storage: torch.UntypedStorage) -> torch.Tensor:
+    """A vnpu tensor viewing ``storage`` as ``metadata`` describes (CUDA's
+    ``_construct_CUDA_Tensor_From_Storage_And_Metadata``)."""
+    t = torch.empty(0, dtype=metadata["dtype"], device=metadata["device"])
+    t.set_(storage, metadata["storage_offset"], metadata["size"], metadata["stride"])
+    return t
+
+
+def _no_op(*args: Any) -> None:
+    return None
+
+
+class _BindingsOnVnpu:
+    """CUDA's ``torch._C`` bindings that the trees call, answered for vnpu (same arguments and results)."""
+
+    _cuda_beginAllocateCurrentThreadToPool = staticmethod(_C._begin_allocate_current_thread_to_pool)
+    _cuda_endAllocateToPool = staticmethod(_C._end_allocate_to_pool)
+    _cuda_releasePool = staticmethod(_C._release_pool)
+    _cuda_getCheckpointState = staticmethod(_C._get_checkpoint_state)
+    _cuda_setCheckpointPoolState = staticmethod(_C._set_checkpoint_pool_state)
+    _cuda_checkPoolLiveAllocations = staticmethod(_C._check_pool_live_allocations)
+    _cuda_cudaCachingAllocator_raw_delete = staticmethod(_C._caching_allocator_delete)
+    _cuda_cudaCachingAllocator_is_enabled = staticmethod(_C._is_caching_allocator_enabled)
+    _cuda_isHistoryEnabled = staticmethod(_C._is_history_enabled)
+    _construct_CUDA_Tensor_From_Storage_And_Metadata = staticmethod(_construct_tensor)
+    # cuBLAS workspaces and cuDNN's benchmark cache: vnpu has neither.
+    _cuda_clearCublasWorkspaces = staticmethod(_no_op)
+    _cuda_get_conv_benchmark_empty_cache = staticmethod(lambda: False)
+    _cudnn_set_conv_benchmark_empty_cache = staticmethod(_no_op)
+    # Device-generic, but bound by torch only in CUDA builds.
+    _tensors_data_ptrs_at_indices_equal = staticmethod(_C._tensors_data_ptrs_at_indices_equal)
+    _set_storage_access_error_msg = staticmethod(_C._set_storage_access_error_msg)
+    _set_storage_data_ptr_access_error_msg = staticmethod(_C._set_storage_data_ptr_access_error_msg)
+    _free_And_Remove_DeleterFn = staticmethod(_C._free_and_remove_deleter)
+    _has_Standard_Deleter = staticmethod(_C._has_standard_deleter)
+
+
+_NAMES = {"_vnpu_cuda": _CudaOnVnpu(), "_vnpu_C": _BindingsOnVnpu}
+_BINDINGS = "|".join(n for n in vars(_BindingsOnVnpu) if not n.startswith("__"))
+
+# (pattern, replacement) applied to torch 2.13's source; each target states how many of each it has.
+_CUDA_MODULE = (r"\btorch\.cuda\.", "_vnpu_cuda.")
+_CUDA_BINDING = (rf"\btorch\._C\.({_BINDINGS})\b", r"_vnpu_C.\1")
+_IS_CUDA = (r"\.is_cuda\b", ".is_vnpu")
+_CUDA_STRING = (r"""(["'])cuda\1""", r"\1vnpu\1")
+
+
+def _rewrite(source: str, rules: list[tuple[tuple[str, str], int]], what: str) -> str:
+    """``source`` with each rule applied; raises if a rule does not match exactly as often as expected."""
+    for (pattern, repl), expected in rules:
+        source, n = re.subn(pattern, repl, source)
+        if n != expected:
+            raise RuntimeError(f"{what}: expected {expected} matches of {pattern!r}, found {n} (torch changed; "
+                               "re-check torch_vnpu/_inductor/graph_trees.py)")
+    return source
+
+
+def _retarget_function(owner: Any, name: str, rules: list[tuple[tuple[str, str], int]], patch_id: str,
+                       extra: dict[str, Any] | None = None) -> None:
+    """Replaces ``owner.name`` by its own source rewritten by ``rules``, run in its module's globals."""
+    original = inspect.unwrap(getattr(owner, name))
+    module = inspect.getmodule(original)
+    source = textwrap.dedent(inspect.getsource(original))
+    source = _rewrite(source, rules, f"{module.__name__}.{original.__qualname__}")
+    namespace = dict(module.__dict__, **_NAMES, **(extra or {}))
+    # Line numbers stay those of torch's file, so tracebacks point at the code that ran.
+    code = compile("\n" * (original.__code__.co_firstlineno - 1) + source, module.__file__, "exec")
+    exec(code, namespace)
+    replace(owner, name, namespace[name], patch_id)
+
+
+def _retarget_trees() -> None:
+    import torch._inductor.cudagraph_trees as trees
+
+    path = trees.__file__
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    source = _rewrite(source, [(_CUDA_MODULE, 35), (_CUDA_BINDING, 20), (_IS_CUDA, 3)], "cudagraph_trees")
+    code = compile(source, path, "exec")
+    mark_step = trees.__dict__.get("MarkStepBox")
+    trees.__dict__.update(_NAMES)
+    exec(code, trees.__dict__)
+    patch = "inductor.graph-trees"
+    if mark_step is not None:  # a cudagraph_mark_step_begin() made before this stays in force
+        replace(trees, "MarkStepBox", mark_step, patch)
+    # Defined only when torch is built with CUDA; generic in C++ (at::caching).
+    replace(trees, "_set_cached_tensors_enabled", torch._C._set_cached_tensors_enabled, patch)
+    replace(trees, "AllocatorState", _C._PoolCheckpoint, patch)
+    # torch.cond inside a recording becomes a CUDA conditional node; vnpu graphs have none. Without these modes
+    # a cond reached while recording reads its predicate on the host, which the capture refuses with an error.
+    replace(trees, "ControlFlowOpWarmupDispatchMode", contextlib.nullcontext, patch)
+    replace(trees, "CUDAGraphCaptureControlFlowOpDispatchMode", contextlib.nullcontext, patch)
+    record("inductor.graph-trees", "torch._inductor.cudagraph_trees")
+
+
+def _is_graph_device(node: Any) -> bool:
+    device = node.get_device()
+    return node.is_gpu() or (device is not None and device.type == _DEVICE)
+
+
+def _retarget_gates() -> None:
+    from torch._inductor import cudagraph_utils, scheduler
+
+    gate = "inductor.graph-gates"
+    _retarget_function(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", [(_CUDA_STRING, 1)], gate)
+    _retarget_function(cudagraph_utils, "collect_cuda_data_ptrs", [(_CUDA_STRING, 1)], gate)
+    _retarget_function(cudagraph_utils, "check_caching_allocator_for_cudagraphs",
+                       [(_CUDA_MODULE, 2), (_CUDA_BINDING, 1)], gate)
+    _retarget_function(scheduler.Scheduler, "should_partition",
+                       [((r"\bnode\.is_gpu\(\)", "_is_graph_device(node)"), 1)], gate,
+                       {"_is_graph_device": _is_graph_device})
+
+
+def _retarget_simple_cudagraphify() -> None:
+    from torch._inductor import compile_fx
+
+    _retarget_function(compile_fx, "cudagraphify_impl", [(_CUDA_MODULE, 8)], "inductor.graph-trees")
+
+
+def apply() -> bool:
+    """Makes ``mode="reduce-overhead"`` record vnpu graphs (idempotent). False when it cannot: torch is built
+    with CUDA (the trees stay CUDA's), or torch's code is not what this adapter was checked against (warns)."""
+    global _applied
+    if _applied:
+        return True
+    if torch.backends.cuda.is_built():
+        return False
+    try:
+        _retarget_gates()  # first: the trees import collect_cuda_data_ptrs by name
+        _retarget_simple_cudagraphify()
+        _retarget_trees()
+    except (RuntimeError, OSError, TypeError) as e:
+        warnings.warn(f"torch_vnpu: graphs under torch.compile stay off: {e}", RuntimeWarning)
+        return False
+    _applied = True
+    return True
+
+
+def is_applied() -> bool:
+    """True once vnpu graphs record under ``mode="reduce-overhead"``."""
+    return _applied
+
+
+__all__ = ["apply", "is_applied"]
