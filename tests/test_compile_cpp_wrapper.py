@@ -235,3 +235,22 @@ def test_dtype_view_of_a_buffer_or_input_reinterprets_the_bits():
     assert (mm.dtype, view.dtype, mm.device.type, view.device.type) == (torch.int32, torch.int32, "vnpu", "vnpu")
     torch.testing.assert_close(mm.cpu(), (a @ b).view(torch.int32), rtol=0, atol=0)
     torch.testing.assert_close(view.cpu(), a.view(torch.int32), rtol=0, atol=0)
+
+
+def test_reduce_overhead_records_the_cpp_wrapper_graph(monkeypatch):
+    # Inductor records C++-wrapper graphs only without graph partitioning (torch 2.13's rule, as on CUDA).
+    replays = []
+    replay = torch.vnpu.VNPUGraph.replay
+    monkeypatch.setattr(torch.vnpu.VNPUGraph, "replay", lambda g: (replays.append(g), replay(g))[1])
+    torch.manual_seed(0)
+    ref = MLP().eval()
+    mod = copy.deepcopy(ref).to("vnpu")
+    x = torch.randn(4, 16)
+    with inductor_config.patch(graph_partition=False), torch.no_grad():
+        compiled = torch.compile(mod, mode="reduce-overhead")
+        (outs, codes) = run_and_get_code(lambda: [compiled(x.to("vnpu")).clone() for _ in range(4)])
+        expected = ref(x)
+    for out in outs:
+        torch.testing.assert_close(out.cpu(), expected, **TOL)
+    _check_vnpu_wrapper(codes)
+    assert len(replays) == 3 and counters["inductor"]["cudagraph_skips"] == 0

@@ -315,6 +315,26 @@ def test_a_cpu_tensor_in_the_graph_is_partitioned_out_or_skips_graphs(graph_call
     assert counters["inductor"]["cudagraph_skips"] == 1 and graph_calls.recordings == 1
 
 
+@pytest.mark.parametrize("partition", [True, False])
+def test_control_flow_and_data_dependent_shapes_run_without_graphs(partition):
+    def branch(x):
+        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
+
+    def count(x):
+        return torch.nonzero(x > 0).sum() * 2 + x.sum()
+
+    with torch._inductor.config.patch(graph_partition=partition), \
+            torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        f, g = torch.compile(branch, mode="reduce-overhead"), torch.compile(count, mode="reduce-overhead")
+        for values in ([1.0, -1, 2, 3], [-1.0, -1, 2, -3], [1.0, 1, 1, 1], [-2.0, 0, 0, 0]):
+            x = torch.tensor(values, device="vnpu")
+            assert torch.equal(f(x).cpu(), branch(x.cpu()))
+            assert torch.equal(g(x).cpu(), count(x.cpu()))
+    # torch.cond: skipped with a reason (vnpu graphs have no conditional nodes). nonzero: partitioned out, or the
+    # graph skipped for its data-dependent shape without partitions (Inductor's rule).
+    assert counters["inductor"]["cudagraph_skips"] == (1 if partition else 2)
+
+
 def test_each_device_gets_its_own_graphs():
     f = torch.compile(lambda x: x.sin() * 2, mode="reduce-overhead")
     a, b = torch.randn(5, device="vnpu:0"), torch.randn(5, device="vnpu:1")

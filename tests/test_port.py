@@ -110,6 +110,15 @@ def test_torch_compile_under_port_mode_matches_cpu(tmp_path):
     assert port["losses"][-1] < port["losses"][0]
 
 
+def test_reduce_overhead_under_port_mode_records_graphs_and_matches_cpu(tmp_path):
+    # The same script with mode="reduce-overhead": Inductor's CUDA-graph trees record vnpu graphs (forward and
+    # backward) and replay them; losses as without graphs.
+    port = _script("compile_cuda.py", tmp_path, True, "--mode", "reduce-overhead")
+    cpu = _script("compile_cuda.py", tmp_path, False, "--cpu", "--no-compile")
+    assert port["graph_recordings"] == 2 and port["cudagraph_skips"] == 0, port
+    torch.testing.assert_close(torch.tensor(port["losses"]), torch.tensor(cpu["losses"]), rtol=1e-5, atol=0)
+
+
 def _ddp_reference(world: int, steps: int = 5):
     """What DDP computes for port_scripts/ddp_cuda.py, in one CPU process: each rank's loss on its own batch,
     the gradient averaged over the ranks, SGD."""

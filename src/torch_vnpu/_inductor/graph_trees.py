@@ -146,10 +146,43 @@ def _is_graph_device(node: Any) -> bool:
     return node.is_gpu() or (device is not None and device.type == _DEVICE)
 
 
+def _first_control_flow_node() -> Any:
+    from torch._inductor.virtualized import V
+
+    graph = getattr(V.graph, "module", None)
+    if graph is None:
+        return None
+    for target in (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop):
+        nodes = graph.graph.find_nodes(op="call_function", target=target)
+        if nodes:
+            return nodes[0]
+    return None
+
+
+def _skip_control_flow(original: Any) -> Any:
+    """``check_lowering_disable_cudagraph`` that also skips vnpu graphs with ``torch.cond``/``while_loop``: CUDA
+    records them as conditional nodes, which vnpu graphs do not have (and partitioning around them trips the
+    trees' pool check)."""
+    from torch._inductor.cudagraph_utils import format_default_skip_message
+
+    def check_lowering_disable_cudagraph(device_node_mapping):
+        on_vnpu = any(d.type == _DEVICE for d in device_node_mapping)
+        reason = original(device_node_mapping)
+        if reason is None and on_vnpu and (node := _first_control_flow_node()) is not None:
+            reason = format_default_skip_message(f"control flow ({node.target}): vnpu graphs have no conditional "
+                                                 "nodes")
+        return reason
+
+    check_lowering_disable_cudagraph.__doc__ = original.__doc__
+    return check_lowering_disable_cudagraph
+
+
 def _retarget_gates() -> None:
     from torch._inductor import cudagraph_utils, scheduler
 
     gate = "inductor.graph-gates"
+    replace(cudagraph_utils, "check_lowering_disable_cudagraph",
+            _skip_control_flow(cudagraph_utils.check_lowering_disable_cudagraph), gate)
     _retarget_function(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", [(_CUDA_STRING, 1)], gate)
     _retarget_function(cudagraph_utils, "collect_cuda_data_ptrs", [(_CUDA_STRING, 1)], gate)
     _retarget_function(cudagraph_utils, "check_caching_allocator_for_cudagraphs",

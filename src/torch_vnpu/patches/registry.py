@@ -122,9 +122,11 @@ PATCHES: tuple[Patch, ...] = (
           ("torch._inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes",
            "torch._inductor.cudagraph_utils.check_caching_allocator_for_cudagraphs",
            "torch._inductor.cudagraph_utils.collect_cuda_data_ptrs",
+           "torch._inductor.cudagraph_utils.check_lowering_disable_cudagraph",
            "torch._inductor.scheduler.Scheduler.should_partition"),
           "Inductor admits a graph to CUDA graphs only if its one device is 'cuda', and graph partitioning cuts "
-          "every node that is not a GPU (Triton) node out of the graphs; vnpu graphs were always skipped.",
+          "every node that is not a GPU (Triton) node out of the graphs; vnpu graphs were always skipped. vnpu "
+          "graphs with torch.cond/while_loop are skipped (CUDA records conditional nodes; vnpu has none).",
           "Ask the device interface whether the device records graphs, instead of comparing with 'cuda'."),
     Patch("inductor.current-backend", "torch", _TORCH, "first compile", _IND,
           ("torch._inductor.utils.get_current_backend",),
