@@ -65,6 +65,7 @@ bench: install
 	$(PY) benchmarks/compile.py --out $(OUT)/bench
 	$(PY) benchmarks/hf_step.py --out $(OUT)/bench
 	$(PY) benchmarks/graph_replay.py --out $(OUT)/bench
+	$(PY) benchmarks/decode.py --out $(OUT)/bench
 	$(PY) benchmarks/port_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/checkpoint_io.py --out $(OUT)/bench
 	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md

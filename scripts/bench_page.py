@@ -176,6 +176,28 @@ def graph_replay(d):
         f"{plural(a['reps'], 'run')} after {a['warmup']} warm-up, {s['torch_num_threads']} torch threads.", ""]
 
 
+def decode(d):
+    s, m = d["summary"], d["summary"]["model"]
+    ratios = [(r["ratio"], ratio(r["ratio_of_medians"]), ratio(r["ratio_per_round_median"]),
+               "–" if r["target"] is None else f"≤ {r['target']}",
+               "–" if r["target"] is None else ("yes" if r["meets_target"] else "**no**")) for r in s["ratios"]]
+    configs = [(f"{r['variant']} {r['device']}", num(r["ms_per_token"], 3), ratio(r["ratio_vs_eager_cpu"]),
+                ratio(r["ratio_per_round_median"]), num(r["first_call_s"], 2), num(1e3 * r["second_call_s"]),
+                "yes" if r["tokens_equal_cpu"] else "**no**") for r in s["rows"]]
+    a = s["args"]
+    return table(["ratio", "ratio of medians", "median of per-round ratios", "target", "met"], ratios) + table(
+        ["configuration", "ms per token", "vs eager cpu", "median of per-round ratios", "first call s",
+         "second call ms", "tokens = cpu"], configs) + [
+        f"gpt-fast style Llama ({m['layers']} layers, hidden {m['dim']}, {m['heads']} heads, MLP {m['hidden']}, "
+        f"vocab {m['vocab']}, {m['max_seq']}-token static cache), batch {m['batch']}, {m['dtype']}: "
+        f"{plural(a['new_tokens'], 'decode call')} after a prompt of {m['prompt']} tokens (the prefill eager and "
+        f"untimed); {plural(a['rounds'], 'round')} × {plural(a['reps'], 'run')} after the first run and "
+        f"{a['warmup']} warm-up, {s['torch_num_threads']} torch threads. First and second call: each "
+        "configuration in a fresh process with an empty Inductor cache, each call synchronized; the first "
+        "compiles (reduce-overhead: and is the graph trees' warm-up run), the second records the vnpu graph "
+        f"(reduce-overhead). vnpu graphs captured during the timed runs: {s['graph_captures_while_timed']}.", ""]
+
+
 def port_overhead(d):
     rows = [(f"`{name}`", ratio(r["ratio"]), r["unit"], num(r["plain"], 2), num(r["port"], 2))
             for name, r in d["results"].items()]
@@ -286,6 +308,12 @@ BENCHMARKS = [
           "A static-cache greedy decode of a small Llama: eager on cpu, eager on vnpu, and on vnpu with each "
           "decode step captured once (torch.vnpu.graph) and replayed per token.",
           "python benchmarks/graph_replay.py", "make bench", graph_replay),
+    Bench("decode", "Decode with torch.compile(mode=\"reduce-overhead\")",
+          "A gpt-fast style greedy decode of a small Llama with a static KV cache, time per token: eager and "
+          "compiled on cpu; eager, compiled, and compiled with `mode=\"reduce-overhead\"` (Inductor's graph trees "
+          "record the decode step as a vnpu graph once and replay it per token) on vnpu. Targets: "
+          "reduce-overhead vnpu at most 0.5 × eager cpu and 0.8 × compiled cpu.",
+          "python benchmarks/decode.py", "make bench", decode),
     Bench("port_overhead", "CUDA port mode",
           "The cost of port mode (torch_vnpu.port): the same vnpu work with `device=\"cuda\"` through port mode "
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
