@@ -68,6 +68,7 @@ bench: install
 	$(PY) benchmarks/decode.py --out $(OUT)/bench
 	$(PY) benchmarks/port_overhead.py --out $(OUT)/bench
 	$(PY) benchmarks/checkpoint_io.py --out $(OUT)/bench
+	$(PY) benchmarks/async_save.py --out $(OUT)/bench
 	$(PY) scripts/bench_page.py --in $(OUT)/bench --out docs/benchmarks.md
 
 # Distributed (issue #10): collectives' bus bandwidth (vccl vs gloo, 2 and 4 ranks, ~5 min) and the

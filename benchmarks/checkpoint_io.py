@@ -8,7 +8,7 @@ median reported, warm page cache (the files were just written and read):
   read        cat of every shard into /dev/null: the storage limit (here: the page cache)
   cpu         safetensors.torch.load_file(device="cpu") and a copy of every tensor into process memory (what a
               load to host memory costs; safetensors alone only maps the file)
-  vnpu        safetensors.torch.load_file(device="vnpu"): streamed through pinned buffers (torch_vnpu.checkpoints)
+  vnpu        safetensors.torch.load_file(device="vnpu"): read straight into device memory (torch_vnpu.checkpoints)
   vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
               blocking copy per tensor)
 

@@ -274,6 +274,20 @@ def checkpoint_io(d):
                   "vNPU's memory is the process's).", ""]
 
 
+def async_save(d):
+    m = d["median_s"]
+    rows = [(label, num(1e3 * m[k])) for k, label in (
+        ("step_s", "training step, no save"), ("save_call_s", "`async_save` call (blocking part: staging)"),
+        ("during_s", "training step while the checkpoint is written"),
+        ("save_total_s", "`async_save` until written"), ("sync_save_s", "`dcp.save` (blocking), for comparison"))]
+    return [f"Training step while writing / without a save: {ratio(d['during_over_step'])} (target ≤ 1.2); "
+            f"the checkpoint holds the state of its call: {'yes' if d['checkpoint_as_of_call'] else '**no**'}.",
+            ""] + table(["", "ms (median)"], rows) + [
+        f"FSDP2 on one rank: {d['layers']} × Linear({d['width']}, {d['width']}) with GELU, AdamW, batch "
+        f"{d['batch']}; parameters {d['model_bytes'] / MIB:.0f} MiB (the checkpoint holds the optimizer state "
+        f"too). {d['steps_during_saves']} steps ran while checkpoints were written.", ""]
+
+
 BENCHMARKS = [
     Bench("eager_overhead", "Eager dispatch overhead",
           "Time per call of small ops (a 2x2 add, a 64x64 matmul, an allocation): the per-op cost a Python "
@@ -319,10 +333,14 @@ BENCHMARKS = [
           "against plain vnpu. The ratio here is port mode / plain vnpu, not vnpu / cpu.",
           "python benchmarks/port_overhead.py", "make bench", port_overhead),
     Bench("checkpoint_io", "Checkpoint loading and saving",
-          "A safetensors checkpoint loaded onto vnpu (torch_vnpu.checkpoints: reads into pinned buffers, uploads queued "
-          "as each fills) against loading it into CPU memory and against reading the files; and saved from vnpu "
+          "A safetensors checkpoint loaded onto vnpu (torch_vnpu.checkpoints: the file read straight into device "
+          "memory, two reads in flight) against loading it into CPU memory and against reading the files; and saved from vnpu "
           "(downloads into pinned buffers, written as each lands) against saving it from CPU memory.",
           "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
+    Bench("async_save", "Training during an asynchronous checkpoint",
+          "torch.distributed.checkpoint.async_save of an FSDP2 model on vnpu: the training steps that run while "
+          "the checkpoint is written, against steps without a save.",
+          "python benchmarks/async_save.py", "make bench", async_save),
     Bench("collectives", "Collectives",
           "Collectives of vccl on vnpu tensors against gloo on CPU tensors, in the same processes. The ratio is "
           "the time per operation, vccl / gloo (below 1: vccl is faster).",

@@ -57,8 +57,8 @@ def test_page_carries_the_json_figures_and_metadata(tmp_path):
     assert ", ".join(f"{x:.2f}" for x in run["load_average_before"]) + " before the run" in page
 
     # Every other benchmark: a line with the command that produces its JSON.
-    assert page.count("Not run yet:") == 12, page
+    assert page.count("Not run yet:") == 13, page
     for script in ("train_step.py", "compile.py", "compile_cpp_wrapper.py", "hf_step.py", "graph_replay.py",
-                   "decode.py", "port_overhead.py", "checkpoint_io.py", "collectives.py", "dist_train_step.py"):
+                   "decode.py", "port_overhead.py", "checkpoint_io.py", "async_save.py", "collectives.py", "dist_train_step.py"):
         assert f"Not run yet: `python benchmarks/{script} --out {bench}`" in page, script
     assert f"Not run yet: `python benchmarks/eager_overhead.py --out {bench}`" not in page

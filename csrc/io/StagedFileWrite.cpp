@@ -16,7 +16,7 @@
 #include <deque>
 
 // Note [Staged file writes]
-// The mirror of Note [Staged file reads]: the device copies into pinned
+// Saving (loading is Note [Checkpoint reads], FileRead.cpp): the device copies into pinned
 // buffers and the host writes them out. Downloads run ahead of the writes by
 // at most `slots` buffers, so host memory stays bounded by slots x chunk_bytes
 // however large the checkpoint (a copy per tensor would hold each tensor's

@@ -1,7 +1,7 @@
 // torch_vnpu._C bindings of csrc/io (checkpoint loading and saving).
 #include "CheckpointIO.h"
 
-#include "../io/StagedFileRead.h"
+#include "../io/FileRead.h"
 #include "../io/StagedFileWrite.h"
 
 #include <pybind11/stl.h>

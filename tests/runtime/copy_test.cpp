@@ -2,6 +2,14 @@
 // sources, synchronous behaviour for pageable destinations, argument checks.
 #include "test_util.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+
 #include <atomic>
 #include <cstdint>
 #include <algorithm>
@@ -302,6 +310,75 @@ TEST_F(CopyTest, ZeroByteCopyIsANoOp) {
   int h = 0;
   EXPECT_EQ(vnpuMemcpyAsync(d.get(), &h, 0, vnpuMemcpyHostToDevice, nullptr), vnpuSuccess);
   EXPECT_EQ(vnpuMemcpy(&h, d.get(), 0, vnpuMemcpyDeviceToHost), vnpuSuccess);
+}
+
+// ---- file reads into device memory (cuFileReadAsync's role) ------------------------
+
+// A temporary file holding `bytes`; removed at the end of the test.
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  explicit TempFile(const std::vector<int>& values) {
+    char name[] = "/tmp/vnpu_file_read_XXXXXX";
+    fd = ::mkstemp(name);
+    path = name;
+    const char* p = reinterpret_cast<const char*>(values.data());
+    size_t left = values.size() * sizeof(int);
+    while (left > 0) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w <= 0) break;
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+  }
+  ~TempFile() {
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+};
+
+TEST_F(CopyTest, FileReadLandsInDeviceMemoryInStreamOrder) {
+  constexpr size_t n = 1 << 16;
+  const auto values = Iota(n, 3);
+  TempFile file(values);
+  DeviceBuffer d(n * sizeof(int));
+  vnpuStream_t s = nullptr;
+  ASSERT_EQ(vnpuStreamCreate(&s), vnpuSuccess);
+  // A kernel queued first delays the read; a copy queued after it sees the file's bytes from element 100 on.
+  ASSERT_EQ(vnpuLaunchKernel(s, "slow", [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }),
+            vnpuSuccess);
+  auto got = std::make_shared<int64_t>(0);
+  const size_t bytes = (n - 100) * sizeof(int);
+  ASSERT_EQ(vnpuMemcpyFromFileAsync(d.get(), file.fd, 100 * sizeof(int), bytes, got, s), vnpuSuccess);
+  ::close(::dup(file.fd));  // the runtime reads from its own descriptor
+  std::vector<int> out(n - 100);
+  ASSERT_EQ(vnpuMemcpyAsync(out.data(), d.get(), bytes, vnpuMemcpyDeviceToHost, s), vnpuSuccess);
+  EXPECT_EQ(*got, static_cast<int64_t>(bytes));
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), values.begin() + 100));
+  EXPECT_EQ(vnpuStreamDestroy(s), vnpuSuccess);
+}
+
+TEST_F(CopyTest, AShortFileReadReportsTheBytesReadAndLeavesTheStreamHealthy) {
+  const auto values = Iota(1000);
+  TempFile file(values);
+  DeviceBuffer d(4096 * sizeof(int));
+  auto got = std::make_shared<int64_t>(0);
+  ASSERT_EQ(vnpuMemcpyFromFileAsync(d.get(), file.fd, 0, 4096 * sizeof(int), got, nullptr), vnpuSuccess);
+  EXPECT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);  // not a stream error
+  EXPECT_EQ(*got, static_cast<int64_t>(1000 * sizeof(int)));
+  // A descriptor not open for reading: -errno, still no stream error.
+  const int wronly = ::open(file.path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(wronly, 0);
+  ASSERT_EQ(vnpuMemcpyFromFileAsync(d.get(), wronly, 0, 64, got, nullptr), vnpuSuccess);
+  ::close(wronly);
+  EXPECT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);
+  EXPECT_EQ(*got, -static_cast<int64_t>(EBADF));
+  // Bad arguments are refused at the call.
+  std::vector<int> host(16);
+  EXPECT_EQ(vnpuMemcpyFromFileAsync(host.data(), file.fd, 0, 64, got, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuMemcpyFromFileAsync(d.get(), -1, 0, 64, got, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuMemcpyFromFileAsync(d.get(), file.fd, 0, 64, nullptr, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuGetLastError(), vnpuSuccess);
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
-"""safetensors files to and from vnpu memory through a bounded ring of pinned buffers.
+"""safetensors files to and from vnpu memory: read straight into the device, written through a ring of pinned buffers.
 
 Loading: the file is validated by safetensors itself (same errors as a CPU load), tensors are allocated on the
-device, and the data region is read with plain reads (not mmap) into the ring, each buffer's upload queued on the
-current stream as it fills: host memory stays within ``slots x chunk_bytes`` beyond the result, and work queued on
-the stream afterwards sees the bytes (the call returns once the last upload is queued).
+device, and each tensor's bytes are read from the file straight into its device memory by the device's file reads
+(Note [Checkpoint reads], csrc/io/FileRead.cpp), on the current stream and a second one: no host copy of the file,
+and work queued on the stream afterwards sees the bytes (the call returns once every read finished).
 
 Saving: the file safetensors would write (same header, same layout), the tensors' bytes downloaded into the ring
 on their devices' current streams (after the work queued there) and written out as each download lands.
@@ -44,7 +44,7 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         path: the ``.safetensors`` file.
         device: a vnpu device (``"vnpu"``, ``"vnpu:1"``, ``1``, ``torch.device("vnpu", 1)``).
         dtype: if given, floating-point tensors are converted to it on the device (other tensors keep theirs).
-        chunk_bytes, slots: the staging ring (``slots`` pinned buffers of up to ``chunk_bytes`` bytes each).
+        chunk_bytes, slots: reads of up to ``chunk_bytes`` bytes each, at most ``slots`` queued at a time.
 
     Returns:
         {name: tensor} with the file's shapes and dtypes (every dtype safetensors has; those safetensors.torch

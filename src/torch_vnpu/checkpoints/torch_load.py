@@ -4,8 +4,8 @@ torch.load restores each storage by building it in host memory (read from the fi
 copying it to the device, one blocking copy per storage. Here torch.load runs as it would with ``mmap=True`` and a
 ``map_location`` function: for each storage, torch hands over its slice of the file's memory map (never touched,
 so never read through the map); the storage's place in the file is found from that mapping, a vnpu storage is
-allocated and the bytes are read with plain reads into pinned buffers and uploaded on the current stream
-(Note [Staged file reads], csrc/io). Unpickling, ``weights_only`` checks and the result's structure (shared
+allocated and the bytes are read from the file straight into it, in stream order on the current stream
+(Note [Checkpoint reads], csrc/io). Unpickling, ``weights_only`` checks and the result's structure (shared
 storages, views, Parameters) stay torch.load's own.
 """
 
@@ -92,7 +92,7 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     Args:
         f: path of a file written by ``torch.save`` (its zip format).
         map_location: a vnpu device (``"vnpu"``, ``"vnpu:1"``, ``torch.device("vnpu", 1)``).
-        chunk_bytes, slots: the staging ring (``slots`` pinned buffers of up to ``chunk_bytes`` bytes).
+        chunk_bytes, slots: reads of up to ``chunk_bytes`` bytes each, at most ``slots`` queued at a time.
         kwargs: torch.load's other arguments (``weights_only``, ``pickle_module``, ``mmap``, ...), unchanged.
 
     Returns:

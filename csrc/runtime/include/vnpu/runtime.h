@@ -318,6 +318,14 @@ vnpuError_t vnpuMemcpy(void* dst, const void* src, size_t count, vnpuMemcpyKind 
 vnpuError_t vnpuMemcpyAsyncFromHostBuffer(void* dst, std::shared_ptr<const void> src, size_t count,
                                           vnpuStream_t stream);
 vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t stream);
+// Reads `count` bytes of the open file `fd` from byte `offset` straight into device memory `dst`, as a copy
+// task on `stream`: storage to device with no host staging buffer (the role of cuFileReadAsync, GPUDirect
+// Storage). The runtime reads from its own duplicate of `fd`, so the caller may close it at once. When the
+// task has run, *bytes_read holds the bytes read (fewer than `count` if the file ended first) or -errno after a
+// failed read (it holds -1 before); the task never fails the stream. Read it after synchronizing with the task
+// (an event recorded after it). vnpuErrorStreamCaptureUnsupported on a capturing stream.
+vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t count,
+                                    std::shared_ptr<int64_t> bytes_read, vnpuStream_t stream);
 
 // Graphs: stream capture and replay (cudaStreamBeginCapture, cudaGraphLaunch).
 // While a stream is capturing, the work submitted to it (kernels, device

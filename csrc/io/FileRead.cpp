@@ -1,0 +1,130 @@
+#include "FileRead.h"
+
+#include "../core/VNPUException.h"
+
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <memory>
+
+// Note [Checkpoint reads]
+// Each tensor's bytes go from the file straight into its device memory (the runtime's
+// vnpuMemcpyFromFileAsync, Note [File reads into device memory]): no host copy of the
+// checkpoint, so host memory does not grow with the file. Chunks alternate between the
+// current stream and pool streams forked from it (joined back at the end), so several
+// reads run at once; the vNPU's memory is paged in on first write, and the workers share
+// that too. At most `slots` chunks are queued ahead of the oldest unfinished one, which
+// bounds how much a Ctrl-C (raised from the progress callback) leaves to finish, and each
+// finished chunk is checked (a short read names the file and the tensor).
+
+namespace at::vnpu::io {
+namespace {
+
+struct File {
+  int fd = -1;
+  explicit File(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      TORCH_CHECK(false, "cannot open ", path, ": ", std::strerror(errno));
+    }
+#ifdef POSIX_FADV_SEQUENTIAL
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+  }
+  ~File() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct Chunk {
+  vnpuEvent_t done = nullptr;      // recorded after the read
+  std::shared_ptr<int64_t> got;    // bytes read, or -errno (the runtime writes it)
+  uint64_t offset = 0, nbytes = 0;  // in the file
+  const Segment* segment = nullptr;
+};
+
+}  // namespace
+
+void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
+                    c10::vnpu::VNPUStream current, int upload_streams,
+                    const std::function<void(uint64_t)>& progress) {
+  TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
+                    "checkpoint read: chunk_bytes, slots and upload_streams must be positive");
+  File file(path);
+  std::sort(segments.begin(), segments.end(),
+            [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
+  // Reads alternate between the current stream and pool streams that fork from it and join it at the end,
+  // so that work queued on the current stream afterwards is ordered after every read.
+  std::vector<c10::vnpu::VNPUStream> streams{current};
+  for (int k = 1; k < upload_streams; ++k) {
+    streams.push_back(c10::vnpu::getStreamFromPool(false, current.device_index()));
+  }
+  auto link = [](vnpuStream_t from, vnpuStream_t to) {  // `to` waits for the work queued on `from` so far
+    vnpuEvent_t e = nullptr;
+    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
+    VNPU_CHECK(vnpuEventRecord(e, from));
+    VNPU_CHECK(vnpuStreamWaitEvent(to, e, 0));
+    VNPU_CHECK(vnpuEventDestroy(e));
+  };
+  for (size_t k = 1; k < streams.size(); ++k) link(current.stream(), streams[k].stream());
+  auto join = [&] {
+    for (size_t k = 1; k < streams.size(); ++k) link(streams[k].stream(), current.stream());
+  };
+  std::deque<Chunk> in_flight;
+  uint64_t read_so_far = 0;
+  auto finish_oldest = [&] {
+    Chunk c = in_flight.front();
+    in_flight.pop_front();
+    const vnpuError_t waited = vnpuEventSynchronize(c.done);
+    VNPU_CHECK(vnpuEventDestroy(c.done));
+    VNPU_CHECK(waited);
+    const int64_t got = *c.got;
+    if (got < 0) {
+      TORCH_CHECK(false, "reading ", path, " (tensor '", c.segment->name, "') failed at byte ", c.offset, ": ",
+                  std::strerror(static_cast<int>(-got)));
+    }
+    if (static_cast<uint64_t>(got) != c.nbytes) {
+      TORCH_CHECK(false, path, " ended at byte ", c.offset + got, " while reading tensor '", c.segment->name,
+                  "' (bytes ", c.segment->file_offset, "..", c.segment->file_offset + c.segment->nbytes,
+                  "): the file is truncated or was changed while being read");
+    }
+    read_so_far += c.nbytes;
+    if (progress) progress(read_so_far);
+  };
+  size_t chunk_index = 0;
+  try {
+    for (const Segment& s : segments) {
+      for (uint64_t off = 0; off < s.nbytes; off += chunk_bytes) {
+        if (static_cast<int>(in_flight.size()) >= slots) finish_oldest();
+        Chunk c;
+        c.offset = s.file_offset + off;
+        c.nbytes = std::min<uint64_t>(chunk_bytes, s.nbytes - off);
+        c.segment = &s;
+        c.got = std::make_shared<int64_t>(-1);
+        vnpuStream_t stream = streams[chunk_index++ % streams.size()].stream();
+        VNPU_CHECK(vnpuMemcpyFromFileAsync(static_cast<char*>(s.dst) + off, file.fd, c.offset, c.nbytes, c.got,
+                                           stream));
+        VNPU_CHECK(vnpuEventCreateWithFlags(&c.done, vnpuEventDisableTiming));
+        const vnpuError_t recorded = vnpuEventRecord(c.done, stream);
+        in_flight.push_back(c);
+        VNPU_CHECK(recorded);
+      }
+    }
+    while (!in_flight.empty()) finish_oldest();
+  } catch (...) {
+    // The reads still queued hold their own file descriptor and result; the caller frees the destinations in
+    // the current stream's order, after them.
+    for (const Chunk& c : in_flight) (void)vnpuEventDestroy(c.done);
+    join();
+    throw;
+  }
+  join();
+}
+
+}  // namespace at::vnpu::io
