@@ -9,6 +9,7 @@ median reported, warm page cache (the files were just written and read):
   cpu         safetensors.torch.load_file(device="cpu") and a copy of every tensor into process memory (what a
               load to host memory costs; safetensors alone only maps the file)
   vnpu        safetensors.torch.load_file(device="vnpu"): read straight into device memory (torch_vnpu.checkpoints)
+  vnpu_staged the same through pinned staging buffers (VNPU_FILE_READS=0: what a device without file reads does)
   vnpu_copy   the per-tensor path it replaces: safetensors' own load (a CPU tensor of the mapped file, then a
               blocking copy per tensor)
 
@@ -55,7 +56,7 @@ how, paths = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 if how == "cpu":
     out = [{k: v.clone() for k, v in st.load_file(p, device="cpu").items()} for p in paths]
-elif how == "vnpu":
+elif how in ("vnpu", "vnpu_staged"):
     out = [st.load_file(p, device="vnpu") for p in paths]
     torch.vnpu.synchronize()
 elif how == "vnpu_copy":
@@ -129,8 +130,11 @@ def _read(paths):
 
 
 def _child(how, paths):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if how == "vnpu_staged":
+        env["VNPU_FILE_READS"] = "0"
     proc = subprocess.run([sys.executable, "-c", _CHILD, how, *paths], capture_output=True, text=True,
-                          timeout=1800, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                          timeout=1800, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{how}: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,9 +156,9 @@ def main(argv=None):
         results = {}
         dropped = None
         for cache in caches:
-            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
+            rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
                     "pt_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": []}
-            rss = {"cpu": [], "vnpu": [], "vnpu_copy": []}
+            rss = {"cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": []}
             for _ in range(args.repeats):
                 for how in rows:
                     if cache == "cold":
@@ -174,6 +178,7 @@ def main(argv=None):
                 "gib_per_s": {k: total / v / (1 << 30) for k, v in med.items()},
                 "vnpu_over_cpu": med["vnpu"] / med["cpu"],
                 "vnpu_copy_over_cpu": med["vnpu_copy"] / med["cpu"],
+                "vnpu_staged_over_cpu": med["vnpu_staged"] / med["cpu"],
                 "read_bandwidth_fraction": med["read"] / med["vnpu"],
                 "pt_vnpu_over_cpu": med["pt_vnpu"] / med["pt_cpu"],
                 "pt_vnpu_copy_over_cpu": med["pt_vnpu_copy"] / med["pt_cpu"],

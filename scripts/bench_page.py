@@ -243,7 +243,11 @@ def checkpoint_io(d):
     for cache, r in d["results"].items():
         rows = []
         for k, label in (("read", "`cat` of the files (storage limit)"), ("cpu", "to CPU memory"),
-                         ("vnpu", "to vnpu, streamed"), ("vnpu_copy", "to vnpu, a copy per tensor (before)")):
+                         ("vnpu", "to vnpu, read into the device"),
+                         ("vnpu_staged", "to vnpu, through pinned staging buffers (`VNPU_FILE_READS=0`)"),
+                         ("vnpu_copy", "to vnpu, a copy per tensor (safetensors' own)")):
+            if k not in r["seconds"]:
+                continue
             rows.append((label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2),
                          num(r["peak_rss_mib"].get(k), 0), num(r["host_overhead_mib"].get(k), 0)))
         note = "" if cache == "warm" else (" (page cache dropped)" if d["page_cache_dropped"] else

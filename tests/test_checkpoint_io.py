@@ -186,6 +186,19 @@ def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
 
 
+def test_the_staged_path_of_a_device_without_file_reads_loads_the_same_bits(checkpoint, tmp_path):
+    """VNPU_FILE_READS=0: pinned staging buffers and uploads (what a runtime without file reads does), with small
+    buffers, and a short read named as with the device's reads."""
+    code = (f"import torch, safetensors.torch as st\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
+            f"ref = st.load_file({checkpoint!r}, device='cpu')\n"
+            f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096, slots=2)\n"
+            "bits = lambda t: t.cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.cpu()\n"
+            "print(all(torch.equal(bits(out[k]), bits(v)) for k, v in ref.items()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VNPU_FILE_READS="0"), cwd=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+
+
 # ---------------------------------------------------------------- saving
 
 def _safetensors_own_save(tensors, path, metadata=None):

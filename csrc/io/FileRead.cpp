@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 // Note [Checkpoint reads]
 // Each tensor's bytes go from the file straight into its device memory (the runtime's
@@ -49,11 +51,26 @@ struct Chunk {
   const Segment* segment = nullptr;
 };
 
+bool deviceFileReads() {
+  static const bool on = [] {
+    const char* v = std::getenv("VNPU_FILE_READS");
+    if (v != nullptr && std::string(v) == "0") return false;
+    // Ask the runtime once: a driver without file reads answers vnpuErrorNotSupported.
+    auto got = std::make_shared<int64_t>(0);
+    return vnpuMemcpyFromFileAsync(nullptr, 0, 0, 0, got, nullptr) != vnpuErrorNotSupported;
+  }();
+  return on;
+}
+
 }  // namespace
 
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                     c10::vnpu::VNPUStream current, int upload_streams,
                     const std::function<void(uint64_t)>& progress) {
+  if (!deviceFileReads()) {
+    readIntoDeviceStaged(path, std::move(segments), chunk_bytes, slots, current, upload_streams, progress);
+    return;
+  }
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "checkpoint read: chunk_bytes, slots and upload_streams must be positive");
   File file(path);

@@ -28,8 +28,17 @@ struct Segment {
 // or changed while read); the destinations stay valid until the caller frees them
 // (stream-ordered). `progress`, if set, is called with the bytes read so far after
 // each chunk (an exception it throws, such as Python's KeyboardInterrupt, ends the read).
+// Without the device's file reads (the runtime answers vnpuErrorNotSupported, or VNPU_FILE_READS=0) it uses
+// readIntoDeviceStaged.
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                     c10::vnpu::VNPUStream stream, int upload_streams = 2,
                     const std::function<void(uint64_t)>& progress = {});
+
+// The same through pinned staging buffers (Note [Staged file reads], StagedFileRead.cpp): `slots` host buffers
+// of up to `chunk_bytes` bytes are read into (pread) and uploaded as each fills; returns when the last upload
+// is queued (not run). Same errors.
+void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
+                          c10::vnpu::VNPUStream stream, int upload_streams = 2,
+                          const std::function<void(uint64_t)>& progress = {});
 
 }  // namespace at::vnpu::io
