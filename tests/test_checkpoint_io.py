@@ -188,7 +188,7 @@ def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
 
 def test_the_staged_path_of_a_device_without_file_reads_loads_the_same_bits(checkpoint, tmp_path):
     """VNPU_FILE_READS=0: pinned staging buffers and uploads (what a runtime without file reads does), with small
-    buffers, and a short read named as with the device's reads."""
+    buffers that split tensors and share a buffer between small ones."""
     code = (f"import torch, safetensors.torch as st\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
             f"ref = st.load_file({checkpoint!r}, device='cpu')\n"
             f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096, slots=2)\n"
