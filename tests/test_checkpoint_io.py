@@ -186,6 +186,25 @@ def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
 
 
+def test_a_load_takes_no_host_memory_beyond_a_tenth_of_the_checkpoint(tmp_path):
+    """The device reads the file into its memory: the process's private (anonymous) memory does not grow with the
+    checkpoint (device memory is shared memory, counted apart). A CPU load grows it by the whole checkpoint."""
+    code = ("import torch, safetensors.torch as st\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
+            "def anon():\n"
+            "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon'))\n"
+            "st.save_file({f'w{i}': torch.randn(512, 1024) for i in range(32)}, 'c.safetensors')  # 64 MiB\n"
+            "torch.zeros(1, device='vnpu'); torch.vnpu.synchronize()\n"
+            "before = anon()\n"
+            "out = vio.load_file('c.safetensors', 'vnpu')\n"
+            "torch.vnpu.synchronize()\n"
+            "print((anon() - before) / 2**20, sum(v.numel() for v in out.values()) * 4 / 2**20)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    grown, checkpoint = map(float, proc.stdout.split())
+    assert checkpoint == 64 and grown <= 0.1 * checkpoint, grown
+
+
 def test_the_staged_path_of_a_device_without_file_reads_loads_the_same_bits(checkpoint, tmp_path):
     """VNPU_FILE_READS=0: pinned staging buffers and uploads (what a runtime without file reads does), with small
     buffers that split tensors and share a buffer between small ones."""
