@@ -110,11 +110,14 @@ def _retarget_function(owner: Any, name: str, rules: list[tuple[tuple[str, str],
     module = inspect.getmodule(original)
     source = textwrap.dedent(inspect.getsource(original))
     source = _rewrite(source, rules, f"{module.__name__}.{original.__qualname__}")
-    namespace = dict(module.__dict__, **_NAMES, **(extra or {}))
+    # The rewritten function runs in its module's own globals (later changes to them stay visible), which gain
+    # the names it now calls.
+    module.__dict__.update(_NAMES, **(extra or {}))
     # Line numbers stay those of torch's file, so tracebacks point at the code that ran.
     code = compile("\n" * (original.__code__.co_firstlineno - 1) + source, module.__file__, "exec")
-    exec(code, namespace)
-    replace(owner, name, namespace[name], patch_id)
+    defined: dict[str, Any] = {}
+    exec(code, module.__dict__, defined)
+    replace(owner, name, defined[name], patch_id)
 
 
 def _retarget_trees() -> None:
