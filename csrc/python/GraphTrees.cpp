@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
@@ -98,6 +99,19 @@ void bind_graph_trees(pybind11::module& m) {
     TORCH_CHECK(s->mutable_data_ptr().compare_exchange_deleter(alloc::cachingDeleter(), &c10::detail::deleteNothing),
                 "Expected standard deleter");
     alloc::cachingDeleter()(data);
+  });
+  // CUDA's _construct_CUDA_Tensor_From_Storage_And_Metadata: a vnpu tensor viewing `storage` as `metadata`
+  // describes (size, stride, storage_offset, dtype). Called for every graph output at every replay.
+  m.def("_construct_tensor_from_storage_and_metadata", [](const py::dict& metadata, at::Storage storage) {
+    PyObject* dtype = metadata["dtype"].ptr();
+    TORCH_CHECK_TYPE(THPDtype_Check(dtype), "metadata['dtype'] must be a torch.dtype");
+    const auto meta = c10::scalarTypeToTypeMeta(reinterpret_cast<THPDtype*>(dtype)->scalar_type);
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(py::cast<std::vector<int64_t>>(metadata["size"]),
+                                                   py::cast<std::vector<int64_t>>(metadata["stride"]));
+    t.unsafeGetTensorImpl()->set_storage_offset(py::cast<int64_t>(metadata["storage_offset"]));
+    return t;
   });
   // Device-generic helpers that torch defines only in CUDA builds.
   m.def("_tensors_data_ptrs_at_indices_equal", [](py::list& tensors, py::list& data_ptrs, py::list& indices) {

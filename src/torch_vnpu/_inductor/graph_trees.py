@@ -46,14 +46,6 @@ class _CudaOnVnpu:
         return getattr(torch.vnpu, "VNPUGraph" if name == "CUDAGraph" else name)
 
 
-def _construct_tensor(metadata: dict[str, Any], storage: torch.UntypedStorage) -> torch.Tensor:
-    """A vnpu tensor viewing ``storage`` as ``metadata`` describes (CUDA's
-    ``_construct_CUDA_Tensor_From_Storage_And_Metadata``)."""
-    t = torch.empty(0, dtype=metadata["dtype"], device=metadata["device"])
-    t.set_(storage, metadata["storage_offset"], metadata["size"], metadata["stride"])
-    return t
-
-
 def _no_op(*args: Any) -> None:
     return None
 
@@ -70,7 +62,7 @@ class _BindingsOnVnpu:
     _cuda_cudaCachingAllocator_raw_delete = staticmethod(_C._caching_allocator_delete)
     _cuda_cudaCachingAllocator_is_enabled = staticmethod(_C._is_caching_allocator_enabled)
     _cuda_isHistoryEnabled = staticmethod(_C._is_history_enabled)
-    _construct_CUDA_Tensor_From_Storage_And_Metadata = staticmethod(_construct_tensor)
+    _construct_CUDA_Tensor_From_Storage_And_Metadata = staticmethod(_C._construct_tensor_from_storage_and_metadata)
     # cuBLAS workspaces and cuDNN's benchmark cache: vnpu has neither.
     _cuda_clearCublasWorkspaces = staticmethod(_no_op)
     _cuda_get_conv_benchmark_empty_cache = staticmethod(lambda: False)
