@@ -36,7 +36,7 @@ import tempfile
 import time
 
 import _meta
-from _procs import receive
+from _procs import receive, run_in_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
@@ -147,16 +147,6 @@ def recompile_process(device, args, cache_dir, conn):
     conn.send({"lengths": LENGTHS, "graphs": counters["stats"]["unique_graphs"],
                "frame_compilations": counters["frames"]["ok"],
                "seconds": time.perf_counter() - t0})
-
-
-def run_in_process(target, *args):
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
-    proc.start()
-    result = receive(parent, proc)
-    proc.join()
-    return result
 
 
 def main(argv=None):

@@ -25,7 +25,6 @@ Writes OUT/decode.json and prints a table.
 """
 
 import argparse
-import functools
 import json
 import multiprocessing
 import os
@@ -36,7 +35,7 @@ import tempfile
 import time
 
 import _meta
-from _procs import receive
+from _procs import alternate_rounds, receive, run_in_process
 
 VARIANTS = {"cpu": ("eager", "compiled"), "vnpu": ("eager", "compiled", "reduce-overhead")}
 PROMPT, MAX_SEQ = 8, 128
@@ -52,79 +51,6 @@ def label(device, variant):
     return f"{variant} {device}"
 
 
-@functools.cache
-def gpt_fast():
-    """The model classes and decode_one_token (defined in the child processes: the parent does not import torch)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class KVCache(nn.Module):
-        def __init__(self, heads, max_seq, head_dim):
-            super().__init__()
-            self.register_buffer("k_cache", torch.zeros(1, heads, max_seq, head_dim))
-            self.register_buffer("v_cache", torch.zeros(1, heads, max_seq, head_dim))
-
-        def update(self, input_pos, k, v):
-            self.k_cache[:, :, input_pos] = k
-            self.v_cache[:, :, input_pos] = v
-            return self.k_cache, self.v_cache
-
-    def apply_rope(x, freqs):
-        xs = x.reshape(*x.shape[:-1], -1, 2)
-        f = freqs.view(1, xs.size(1), 1, xs.size(3), 2)
-        out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
-                           xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
-        return out.flatten(3)
-
-    class Block(nn.Module):
-        def __init__(self, dim, heads, hidden, max_seq):
-            super().__init__()
-            self.heads, self.head_dim = heads, dim // heads
-            self.wqkv = nn.Linear(dim, 3 * dim, bias=False)
-            self.wo = nn.Linear(dim, dim, bias=False)
-            self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
-            self.w2 = nn.Linear(hidden, dim, bias=False)
-            self.n1, self.n2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
-            self.kv_cache = KVCache(heads, max_seq, self.head_dim)
-
-        def forward(self, x, freqs, mask, input_pos):
-            b, s, _ = x.shape
-            q, k, v = self.wqkv(self.n1(x)).split(self.heads * self.head_dim, dim=-1)
-            q, k, v = (t.view(b, s, self.heads, self.head_dim) for t in (q, k, v))
-            q, k = apply_rope(q, freqs), apply_rope(k, freqs)
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            k, v = self.kv_cache.update(input_pos, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            h = x + self.wo(y.transpose(1, 2).reshape(b, s, -1))
-            z = self.n2(h)
-            return h + self.w2(F.silu(self.w1(z)) * self.w3(z))
-
-    class Transformer(nn.Module):
-        def __init__(self, vocab=1000, dim=256, layers=4, heads=4, hidden=688, max_seq=MAX_SEQ):
-            super().__init__()
-            self.emb = nn.Embedding(vocab, dim)
-            self.layers = nn.ModuleList(Block(dim, heads, hidden, max_seq) for _ in range(layers))
-            self.norm, self.out = nn.RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
-            d = dim // heads
-            t = torch.outer(torch.arange(max_seq).float(), 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
-            self.register_buffer("freqs", torch.stack([t.cos(), t.sin()], -1))
-            self.register_buffer("causal", torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool)))
-
-        def forward(self, idx, input_pos):
-            mask = self.causal[None, None, input_pos]
-            freqs = self.freqs[input_pos]
-            x = self.emb(idx)
-            for layer in self.layers:
-                x = layer(x, freqs, mask, input_pos)
-            return self.out(self.norm(x))
-
-    def decode_one_token(model, x, input_pos):
-        return torch.argmax(model(x, input_pos)[:, -1], dim=-1, keepdim=True)
-
-    return Transformer, decode_one_token
-
-
 class Decoder:
     """One variant on one device: its own model (and KV cache), its decode function, the prompt."""
 
@@ -133,9 +59,12 @@ class Decoder:
 
         self.torch = torch
         self.device = torch.device(device)
-        Transformer, self.decode_one_token = gpt_fast()
+        from torch_vnpu.testing.static_cache_llama import Transformer, decode_one_token
+
+        self.decode_one_token = decode_one_token
         torch.manual_seed(0)
-        self.model = Transformer().eval().to(self.device)
+        self.model = Transformer(vocab=1000, dim=256, layers=4, heads=4, hidden=688, max_seq=MAX_SEQ).eval().to(
+            self.device)
         self.prompt = torch.randint(1, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(1)).to(self.device)
         if variant == "eager":
             self.decode = self.decode_one_token
@@ -240,16 +169,6 @@ def device_process(device, args, cache_dir, conn):
                "torch_num_threads": torch.get_num_threads()})
 
 
-def run_in_process(target, *args):
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(*args, child), daemon=True, name=target.__name__)
-    proc.start()
-    result = receive(parent, proc)
-    proc.join()
-    return result
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
@@ -284,16 +203,7 @@ def main(argv=None):
         receive(parent, proc)
         print(f"[{device}] ready", flush=True)
         procs[device], conns[device] = proc, parent
-    for r in range(args.rounds):
-        for device in VARIANTS:
-            conns[device].send("round")
-            receive(conns[device], procs[device])
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    results = {}
-    for device in VARIANTS:
-        conns[device].send("stop")
-        results[device] = receive(conns[device], procs[device])
-        procs[device].join()
+    results = alternate_rounds(procs, conns, args.rounds)
     load_end = os.getloadavg()
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -26,7 +26,7 @@ import statistics
 import time
 
 import _meta
-from _procs import receive
+from _procs import alternate_rounds, receive
 
 VARIANTS = {"cpu": ("eager",), "vnpu": ("eager", "graph")}
 
@@ -145,16 +145,7 @@ def main(argv=None):
         receive(parent, proc)
         print(f"[{device}] ready", flush=True)
         procs[device], conns[device] = proc, parent
-    for r in range(args.rounds):
-        for device in VARIANTS:
-            conns[device].send("round")
-            receive(conns[device], procs[device])
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    results = {}
-    for device in VARIANTS:
-        conns[device].send("stop")
-        results[device] = receive(conns[device], procs[device])
-        procs[device].join()
+    results = alternate_rounds(procs, conns, args.rounds)
     load_end = os.getloadavg()
 
     cpu_t = results["cpu"]["times_s"]["eager"]

@@ -26,23 +26,23 @@
 // finished chunk is checked (a short read names the file and the tensor).
 
 namespace at::vnpu::io {
+
+ReadOnlyFile::ReadOnlyFile(const std::string& path) {
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    TORCH_CHECK(false, "cannot open ", path, ": ", std::strerror(errno));
+  }
+#ifdef POSIX_FADV_SEQUENTIAL
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd >= 0) ::close(fd);
+}
+
 namespace {
 
-struct File {
-  int fd = -1;
-  explicit File(const std::string& path) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      TORCH_CHECK(false, "cannot open ", path, ": ", std::strerror(errno));
-    }
-#ifdef POSIX_FADV_SEQUENTIAL
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-#endif
-  }
-  ~File() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 struct Chunk {
   vnpuEvent_t done = nullptr;      // recorded after the read
@@ -73,7 +73,7 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
   }
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "checkpoint read: chunk_bytes, slots and upload_streams must be positive");
-  File file(path);
+  ReadOnlyFile file(path);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   // Reads alternate between the current stream and pool streams that fork from it and join it at the end,

@@ -12,6 +12,15 @@
 
 namespace at::vnpu::io {
 
+// A file open for reading (sequential access advised); raises c10::Error naming it if it cannot be opened.
+struct ReadOnlyFile {
+  int fd = -1;
+  explicit ReadOnlyFile(const std::string& path);
+  ~ReadOnlyFile();
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+};
+
 struct Segment {
   uint64_t file_offset;  // first byte in the file
   uint64_t nbytes;

@@ -33,24 +33,8 @@
 namespace at::vnpu::io {
 namespace {
 
-struct StagedFile {
-  int fd = -1;
-  explicit StagedFile(const std::string& path) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      TORCH_CHECK(false, "cannot open ", path, ": ", std::strerror(errno));
-    }
-#ifdef POSIX_FADV_SEQUENTIAL
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-#endif
-  }
-  ~StagedFile() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 // Reads exactly n bytes at `offset` (retrying short reads and EINTR).
-void readFully(const StagedFile& f, const std::string& path, const Segment& first, char* buf, size_t n, uint64_t offset) {
+void readFully(const ReadOnlyFile& f, const std::string& path, const Segment& first, char* buf, size_t n, uint64_t offset) {
   size_t done = 0;
   while (done < n) {
     ssize_t r = ::pread(f.fd, buf + done, n - done, static_cast<off_t>(offset + done));
@@ -75,7 +59,7 @@ void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments
                           const std::function<void(uint64_t)>& progress) {
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "staged read: chunk_bytes, slots and upload_streams must be positive");
-  StagedFile file(path);
+  ReadOnlyFile file(path);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();
