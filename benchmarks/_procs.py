@@ -22,6 +22,21 @@ def run_in_process(target, *args):
     return result
 
 
+def start_processes(names, target, args_of):
+    """For each name, a spawned process running ``target(*args_of(name), conn)`` whose first message ("ready") has
+    arrived; returns ({name: process}, {name: connection})."""
+    ctx = multiprocessing.get_context("spawn")
+    procs, conns = {}, {}
+    for name in names:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=target, args=(*args_of(name), child), daemon=True, name=name)
+        proc.start()
+        receive(parent, proc)
+        print(f"[{name}] ready", flush=True)
+        procs[name], conns[name] = proc, parent
+    return procs, conns
+
+
 def alternate_rounds(procs, conns, rounds):
     """Runs ``rounds`` rounds, each sending "round" to every process in turn (so drift hits all alike) and waiting
     for its answer; then sends "stop" and returns {name: final message}, the processes joined."""

@@ -26,7 +26,6 @@ Writes OUT/decode.json and prints a table.
 
 import argparse
 import json
-import multiprocessing
 import os
 import platform
 import shutil
@@ -35,7 +34,7 @@ import tempfile
 import time
 
 import _meta
-from _procs import alternate_rounds, receive, run_in_process
+from _procs import alternate_rounds, run_in_process, start_processes
 
 VARIANTS = {"cpu": ("eager", "compiled"), "vnpu": ("eager", "compiled", "reduce-overhead")}
 PROMPT, MAX_SEQ = 8, 128
@@ -192,17 +191,9 @@ def main(argv=None):
             print(f"[{label(device, v)}] first calls (s): "
                   + ", ".join(f"{s:.3f}" for s in first_calls[label(device, v)]["seconds"]), flush=True)
 
-    ctx = multiprocessing.get_context("spawn")
-    procs, conns = {}, {}
-    for device in VARIANTS:
-        parent, child = ctx.Pipe()
-        # The cache the fresh "compiled" process filled: the compilations here start warm.
-        cache = os.path.join(tmp, f"compiled-{device}")
-        proc = ctx.Process(target=device_process, args=(device, args, cache, child), daemon=True, name=device)
-        proc.start()
-        receive(parent, proc)
-        print(f"[{device}] ready", flush=True)
-        procs[device], conns[device] = proc, parent
+    # The cache the fresh "compiled" process filled: the compilations here start warm.
+    procs, conns = start_processes(VARIANTS, device_process,
+                                   lambda device: (device, args, os.path.join(tmp, f"compiled-{device}")))
     results = alternate_rounds(procs, conns, args.rounds)
     load_end = os.getloadavg()
     shutil.rmtree(tmp, ignore_errors=True)

@@ -19,14 +19,13 @@ Writes OUT/graph_replay.json and prints a table.
 
 import argparse
 import json
-import multiprocessing
 import os
 import platform
 import statistics
 import time
 
 import _meta
-from _procs import alternate_rounds, receive
+from _procs import alternate_rounds, start_processes
 
 VARIANTS = {"cpu": ("eager",), "vnpu": ("eager", "graph")}
 
@@ -136,15 +135,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     load_start = os.getloadavg()
-    ctx = multiprocessing.get_context("spawn")
-    procs, conns = {}, {}
-    for device in VARIANTS:
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=device_process, args=(device, args, child), daemon=True, name=device)
-        proc.start()
-        receive(parent, proc)
-        print(f"[{device}] ready", flush=True)
-        procs[device], conns[device] = proc, parent
+    procs, conns = start_processes(VARIANTS, device_process, lambda device: (device, args))
     results = alternate_rounds(procs, conns, args.rounds)
     load_end = os.getloadavg()
 

@@ -176,14 +176,21 @@ def test_a_checkpoint_larger_than_the_device_raises_oom_and_frees_what_it_loaded
     assert proc.stdout.split() == ["oom", "True", "4.0"], proc.stdout
 
 
+def _child(code, tmp_path, **env):
+    """The standard output of ``code`` run in a fresh interpreter (in tmp_path, with ``env`` added); it must
+    succeed."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **env), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
 def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
     code = (f"import torch\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
             f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096)\n"
             "s = sum(v.double().sum() for v in out.values() if v.is_floating_point() and not v.is_complex())\n"
             "print(torch.isfinite(s).item())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, VNPU_SANITIZE="1"), cwd=str(tmp_path))
-    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+    assert _child(code, tmp_path, VNPU_SANITIZE="1") == "True"
 
 
 def test_a_load_takes_no_host_memory_beyond_a_tenth_of_the_checkpoint(tmp_path):
@@ -198,10 +205,7 @@ def test_a_load_takes_no_host_memory_beyond_a_tenth_of_the_checkpoint(tmp_path):
             "out = vio.load_file('c.safetensors', 'vnpu')\n"
             "torch.vnpu.synchronize()\n"
             "print((anon() - before) / 2**20, sum(v.numel() for v in out.values()) * 4 / 2**20)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    grown, checkpoint = map(float, proc.stdout.split())
+    grown, checkpoint = map(float, _child(code, tmp_path).split())
     assert checkpoint == 64 and grown <= 0.1 * checkpoint, grown
 
 
@@ -213,9 +217,7 @@ def test_the_staged_path_of_a_device_without_file_reads_loads_the_same_bits(chec
             f"out = vio.load_file({checkpoint!r}, 'vnpu', chunk_bytes=4096, slots=2)\n"
             "bits = lambda t: t.cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.cpu()\n"
             "print(all(torch.equal(bits(out[k]), bits(v)) for k, v in ref.items()))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, VNPU_FILE_READS="0"), cwd=str(tmp_path))
-    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+    assert _child(code, tmp_path, VNPU_FILE_READS="0") == "True"
 
 
 # ---------------------------------------------------------------- saving

@@ -42,6 +42,29 @@ ReadOnlyFile::~ReadOnlyFile() {
 }
 
 namespace {
+void link(vnpuStream_t from, vnpuStream_t to) {  // `to` waits for the work queued on `from` so far
+  vnpuEvent_t e = nullptr;
+  VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
+  VNPU_CHECK(vnpuEventRecord(e, from));
+  VNPU_CHECK(vnpuStreamWaitEvent(to, e, 0));
+  VNPU_CHECK(vnpuEventDestroy(e));
+}
+}  // namespace
+
+ForkedStreams::ForkedStreams(c10::vnpu::VNPUStream current, int count) : streams_{current} {
+  for (int k = 1; k < count; ++k) {
+    streams_.push_back(c10::vnpu::getStreamFromPool(false, current.device_index()));
+    link(current.stream(), streams_.back().stream());
+  }
+}
+
+const c10::vnpu::VNPUStream& ForkedStreams::next() { return streams_[next_++ % streams_.size()]; }
+
+void ForkedStreams::join() {
+  for (size_t k = 1; k < streams_.size(); ++k) link(streams_[k].stream(), streams_[0].stream());
+}
+
+namespace {
 
 
 struct Chunk {
@@ -76,23 +99,9 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
   ReadOnlyFile file(path);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
-  // Reads alternate between the current stream and pool streams that fork from it and join it at the end,
-  // so that work queued on the current stream afterwards is ordered after every read.
-  std::vector<c10::vnpu::VNPUStream> streams{current};
-  for (int k = 1; k < upload_streams; ++k) {
-    streams.push_back(c10::vnpu::getStreamFromPool(false, current.device_index()));
-  }
-  auto link = [](vnpuStream_t from, vnpuStream_t to) {  // `to` waits for the work queued on `from` so far
-    vnpuEvent_t e = nullptr;
-    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
-    VNPU_CHECK(vnpuEventRecord(e, from));
-    VNPU_CHECK(vnpuStreamWaitEvent(to, e, 0));
-    VNPU_CHECK(vnpuEventDestroy(e));
-  };
-  for (size_t k = 1; k < streams.size(); ++k) link(current.stream(), streams[k].stream());
-  auto join = [&] {
-    for (size_t k = 1; k < streams.size(); ++k) link(streams[k].stream(), current.stream());
-  };
+  // Reads alternate between the current stream and pool streams forked from it and joined back at the end, so
+  // that work queued on the current stream afterwards is ordered after every read.
+  ForkedStreams streams(current, upload_streams);
   std::deque<Chunk> in_flight;
   uint64_t read_so_far = 0;
   auto finish_oldest = [&] {
@@ -114,7 +123,6 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
     read_so_far += c.nbytes;
     if (progress) progress(read_so_far);
   };
-  size_t chunk_index = 0;
   try {
     for (const Segment& s : segments) {
       for (uint64_t off = 0; off < s.nbytes; off += chunk_bytes) {
@@ -124,7 +132,7 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
         c.nbytes = std::min<uint64_t>(chunk_bytes, s.nbytes - off);
         c.segment = &s;
         c.got = std::make_shared<int64_t>(-1);
-        vnpuStream_t stream = streams[chunk_index++ % streams.size()].stream();
+        vnpuStream_t stream = streams.next().stream();
         VNPU_CHECK(vnpuMemcpyFromFileAsync(static_cast<char*>(s.dst) + off, file.fd, c.offset, c.nbytes, c.got,
                                            stream));
         VNPU_CHECK(vnpuEventCreateWithFlags(&c.done, vnpuEventDisableTiming));
@@ -138,10 +146,10 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
     // The reads still queued hold their own file descriptor and result; the caller frees the destinations in
     // the current stream's order, after them.
     for (const Chunk& c : in_flight) (void)vnpuEventDestroy(c.done);
-    join();
+    streams.join();
     throw;
   }
-  join();
+  streams.join();
 }
 
 }  // namespace at::vnpu::io

@@ -21,6 +21,19 @@ struct ReadOnlyFile {
   ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
 };
 
+// `current` and count - 1 pool streams forked from it (each waits for the work queued on `current` so far), for
+// spreading reads over several streams; join() makes `current` wait for the work queued on the others.
+class ForkedStreams {
+ public:
+  ForkedStreams(c10::vnpu::VNPUStream current, int count);
+  const c10::vnpu::VNPUStream& next();  // round robin, starting with `current`
+  void join();
+
+ private:
+  std::vector<c10::vnpu::VNPUStream> streams_;
+  size_t next_ = 0;
+};
+
 struct Segment {
   uint64_t file_offset;  // first byte in the file
   uint64_t nbytes;

@@ -63,24 +63,8 @@ void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();
-  // Uploads alternate between the current stream and pool streams that fork from it and join it at the end,
-  // so that work queued on the current stream afterwards is ordered after every upload.
-  std::vector<c10::vnpu::VNPUStream> streams{current};
-  for (int k = 1; k < upload_streams; ++k) {
-    streams.push_back(c10::vnpu::getStreamFromPool(false, current.device_index()));
-  }
-  auto link = [](vnpuStream_t from, vnpuStream_t to) {  // `to` waits for the work queued on `from` so far
-    vnpuEvent_t e = nullptr;
-    VNPU_CHECK(vnpuEventCreateWithFlags(&e, vnpuEventDisableTiming));
-    VNPU_CHECK(vnpuEventRecord(e, from));
-    VNPU_CHECK(vnpuStreamWaitEvent(to, e, 0));
-    VNPU_CHECK(vnpuEventDestroy(e));
-  };
-  for (size_t k = 1; k < streams.size(); ++k) link(current.stream(), streams[k].stream());
-  auto join = [&] {
-    for (size_t k = 1; k < streams.size(); ++k) link(streams[k].stream(), current.stream());
-  };
-  size_t chunk_index = 0;
+  // Uploads alternate between the current stream and pool streams forked from it and joined back at the end.
+  ForkedStreams streams(current, upload_streams);
   uint64_t read_so_far = 0;
   std::deque<vnpuEvent_t> in_flight;  // one event per buffer whose upload may still run
   auto release_oldest = [&] {
@@ -117,7 +101,7 @@ void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments
       }
       if (filled == 0) continue;
       if (static_cast<int>(in_flight.size()) >= slots) release_oldest();
-      const c10::vnpu::VNPUStream& upload = streams[chunk_index++ % streams.size()];
+      const c10::vnpu::VNPUStream& upload = streams.next();
       vnpuStream_t stream = upload.stream();
       c10::DataPtr buf = host->allocate(filled);
       readFully(file, path, first, static_cast<char*>(buf.get()), filled, start);
@@ -136,11 +120,11 @@ void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments
     }
   } catch (...) {
     for (vnpuEvent_t e : in_flight) (void)vnpuEventDestroy(e);
-    join();  // the caller frees the destinations in the current stream's order: after these uploads
+    streams.join();  // the caller frees the destinations in the current stream's order: after these uploads
     throw;
   }
   for (vnpuEvent_t e : in_flight) VNPU_CHECK(vnpuEventDestroy(e));
-  join();
+  streams.join();
 }
 
 }  // namespace at::vnpu::io
