@@ -528,7 +528,13 @@ class DeviceCachingAllocator {
     Context context = maybe_gather(RecordContext::ALL);  // before the lock: See Note [Memory history]
     std::lock_guard<std::recursive_mutex> g(mu_);
     auto it = active_.find(ptr);
-    TORCH_INTERNAL_ASSERT(it != active_.end(), "vnpu caching allocator: freeing an unknown pointer ", ptr);
+    if (it == active_.end()) {
+      // A deleter must not throw (the process would abort). A storage whose block a graph pool checkpoint
+      // already released (Note [Graph pool checkpoints]) gets here: its memory is the pool's again.
+      TORCH_WARN("vnpu caching allocator: a storage released device memory the allocator no longer holds (", ptr,
+                 "); ignored");
+      return;
+    }
     if (!raw_blocks_.empty()) raw_blocks_.erase(ptr);  // a checkpoint's block that a storage took
     free(it->second, context);
   }

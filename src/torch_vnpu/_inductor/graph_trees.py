@@ -133,7 +133,24 @@ def _retarget_trees() -> None:
     # a cond reached while recording reads its predicate on the host, which the capture refuses with an error.
     replace(trees, "ControlFlowOpWarmupDispatchMode", contextlib.nullcontext, patch)
     replace(trees, "CUDAGraphCaptureControlFlowOpDispatchMode", contextlib.nullcontext, patch)
+    # The warm-up and the recording read the caller's inputs on the trees' own stream and may drop the last
+    # reference to them there: declare that use (record_stream), as the caching allocator's contract asks, so
+    # the sanitizer does not report the free of, e.g., a training step's target tensor as a race.
+    replace(trees.CUDAWarmupNode, "run", _inputs_used_on_own_stream(trees.CUDAWarmupNode.run), patch)
+    replace(trees.CUDAGraphNode, "_allocate_and_copy_recording_inputs",
+            _inputs_used_on_own_stream(trees.CUDAGraphNode._allocate_and_copy_recording_inputs), patch)
     record("inductor.graph-trees", "torch._inductor.cudagraph_trees")
+
+
+def _inputs_used_on_own_stream(method: Any) -> Any:
+    def run(self, inputs, *args, **kwargs):
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.device.type == _DEVICE and t.untyped_storage().data_ptr() != 0:
+                t.record_stream(self.stream)
+        return method(self, inputs, *args, **kwargs)
+
+    run.__doc__ = method.__doc__
+    return run
 
 
 def _is_graph_device(node: Any) -> bool:
@@ -172,10 +189,41 @@ def _skip_control_flow(original: Any) -> Any:
     return check_lowering_disable_cudagraph
 
 
+def _move_cpu_scalars(original: Any) -> Any:
+    """``move_constructors_to_gpu`` that also moves CPU scalar tensors (inputs included) used by vnpu ops onto vnpu
+    when graphs are recorded with partitioning, as it does for CUDA: the copy is partitioned out of the recorded
+    graph. Without it a vnpu kernel of the graph took the scalar's value at recording and kept it at every replay
+    (a Python float argument, Dynamo's 0-d CPU tensor, silently frozen)."""
+    from torch._inductor import config
+    from torch._inductor.fx_passes.post_grad import ConstructorMoverPass
+
+    def move_constructors_to_gpu(graph):
+        original(graph)
+        if config.triton.cudagraphs and config.graph_partition:
+            ConstructorMoverPass(_DEVICE, allow_inputs=True, allow_outputs=True)(graph)
+
+    move_constructors_to_gpu.__doc__ = original.__doc__
+    return move_constructors_to_gpu
+
+
+def apply_optimizer(optimizer: Any) -> None:
+    """At the import of ``torch._dynamo.variables.optimizer`` (before Dynamo traces a step): a compiled optimizer
+    step on vnpu keeps its step counts on the device (``capturable``), as on CUDA and XPU. With a CPU step count,
+    a recorded graph kept the count of its recording (Adam's bias correction frozen: silently wrong steps)."""
+    if torch.backends.cuda.is_built():
+        return
+    patch = "dynamo.optimizer-capturable"
+    _retarget_function(optimizer.OptimizerVariable, "_set_capturable",
+                       [((r"p\.is_cuda or p\.is_xpu", "p.is_cuda or p.is_xpu or p.is_vnpu"), 1)], patch)
+    _retarget_function(optimizer, "_is_static_for_cudagraphs", [(_IS_CUDA, 1)], patch)
+
+
 def _retarget_gates() -> None:
     from torch._inductor import cudagraph_utils, scheduler
+    from torch._inductor.fx_passes import post_grad
 
     gate = "inductor.graph-gates"
+    replace(post_grad, "move_constructors_to_gpu", _move_cpu_scalars(post_grad.move_constructors_to_gpu), gate)
     replace(cudagraph_utils, "check_lowering_disable_cudagraph",
             _skip_control_flow(cudagraph_utils.check_lowering_disable_cudagraph), gate)
     _retarget_function(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes", [(_CUDA_STRING, 1)], gate)
@@ -217,4 +265,4 @@ def is_applied() -> bool:
     return _applied
 
 
-__all__ = ["apply", "is_applied"]
+__all__ = ["apply", "apply_optimizer", "is_applied"]

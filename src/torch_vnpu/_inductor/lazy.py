@@ -16,6 +16,8 @@
 * graph trees: right after ``torch._inductor.cudagraph_trees`` has been executed (``mode="reduce-overhead"``
   or ``torch.compiler.cudagraph_mark_step_begin()`` imports it), its code runs again with CUDA's names
   answered by vnpu (:mod:`.graph_trees`), before anyone used its state.
+* compiled optimizers: right after ``torch._dynamo.variables.optimizer`` has been executed, Dynamo makes a
+  compiled vnpu optimizer step capturable, as for CUDA (:func:`.graph_trees.apply_optimizer`).
 * flex_attention: right after ``torch.nn.attention.flex_attention`` has been
   executed, it accepts vnpu tensors (:mod:`.flex_attention`).
 """
@@ -32,6 +34,7 @@ _INDUCTOR_MODULE = "torch._inductor.codegen.common"
 _FLEX_ATTENTION_MODULE = "torch.nn.attention.flex_attention"
 _FAKE_IMPLS_MODULE = "torch._subclasses.fake_impls"
 _GRAPH_TREES_MODULE = "torch._inductor.cudagraph_trees"
+_DYNAMO_OPTIMIZER_MODULE = "torch._dynamo.variables.optimizer"
 
 
 def _register_dynamo(_module: ModuleType) -> None:
@@ -56,6 +59,12 @@ def _retarget_graph_trees(_module: ModuleType) -> None:
     from . import graph_trees
 
     graph_trees.apply()
+
+
+def _capturable_optimizers(module: ModuleType) -> None:
+    from . import graph_trees
+
+    graph_trees.apply_optimizer(module)
 
 
 def _hook_inductor(common: ModuleType) -> None:
@@ -83,6 +92,7 @@ def install() -> None:
     when_imported(_FLEX_ATTENTION_MODULE, _patch_flex_attention)
     when_imported(_FAKE_IMPLS_MODULE, _patch_fake_conv)
     when_imported(_GRAPH_TREES_MODULE, _retarget_graph_trees)
+    when_imported(_DYNAMO_OPTIMIZER_MODULE, _capturable_optimizers)
     if _INDUCTOR_MODULE in sys.modules:
         # torch_vnpu imported after Inductor (TORCH_DEVICE_BACKEND_AUTOLOAD=0): Inductor may already have
         # registered its backends, so register now; Inductor's modules are all importable at this point.

@@ -123,11 +123,23 @@ PATCHES: tuple[Patch, ...] = (
            "torch._inductor.cudagraph_utils.check_caching_allocator_for_cudagraphs",
            "torch._inductor.cudagraph_utils.collect_cuda_data_ptrs",
            "torch._inductor.cudagraph_utils.check_lowering_disable_cudagraph",
-           "torch._inductor.scheduler.Scheduler.should_partition"),
+           "torch._inductor.scheduler.Scheduler.should_partition",
+           "torch._inductor.fx_passes.post_grad.move_constructors_to_gpu"),
           "Inductor admits a graph to CUDA graphs only if its one device is 'cuda', and graph partitioning cuts "
           "every node that is not a GPU (Triton) node out of the graphs; vnpu graphs were always skipped. vnpu "
-          "graphs with torch.cond/while_loop are skipped (CUDA records conditional nodes; vnpu has none).",
+          "graphs with torch.cond/while_loop are skipped (CUDA records conditional nodes; vnpu has none). CPU "
+          "scalar tensors (a Python float argument) are moved to the device only for CUDA: on vnpu a recorded "
+          "graph kept their values of the recording.",
           "Ask the device interface whether the device records graphs, instead of comparing with 'cuda'."),
+    Patch("dynamo.optimizer-capturable", "torch", _TORCH, "import of torch._dynamo.variables.optimizer",
+          "torch_vnpu._inductor.graph_trees",
+          ("torch._dynamo.variables.optimizer.OptimizerVariable._set_capturable",
+           "torch._dynamo.variables.optimizer._is_static_for_cudagraphs"),
+          "Dynamo makes a compiled optimizer step capturable (step counts on the device) only for CUDA/XPU "
+          "parameters; on vnpu the CPU step count was read by value, so under mode='reduce-overhead' Adam's bias "
+          "correction stayed at the recorded step (parameters 8e-2 off after 6 steps, no error). Only in a torch "
+          "built without CUDA.",
+          "Ask torch.optim's capturable-supported devices (which include PrivateUse1) instead of is_cuda/is_xpu."),
     Patch("inductor.current-backend", "torch", _TORCH, "first compile", _IND,
           ("torch._inductor.utils.get_current_backend",),
           "Every unknown device maps to Triton, so C++ kernels of vnpu graphs took Triton's masked-load branch and "
