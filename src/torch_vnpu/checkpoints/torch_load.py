@@ -96,8 +96,8 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
         kwargs: torch.load's other arguments (``weights_only``, ``pickle_module``, ``mmap``, ...), unchanged.
 
     Returns:
-        What torch.load returns, its storages on the vnpu device. The call returns once the last upload is queued:
-        work queued on the current stream afterwards sees the bytes.
+        What torch.load returns, its storages on the vnpu device, read once torch.load has built the result. Work
+        queued on the current stream afterwards sees the bytes.
 
     Raises:
         Whatever torch.load raises for the file (``pickle.UnpicklingError`` for a ``weights_only`` violation, ...);
@@ -114,6 +114,10 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     path = os.fspath(f)
     where = _FileMap(path)
 
+    # Storages are allocated as torch.load asks for them and read in one pass once it is done (one file, reads in
+    # flight across storages); `pending` keeps each alive until its bytes are in.
+    pending: list[tuple[int, int, torch.UntypedStorage]] = []
+
     def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
         nbytes = storage.nbytes()
         offset = where.offset(storage.data_ptr()) if nbytes else None
@@ -121,10 +125,8 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
             return storage.to(device=device)
         with torch.vnpu.device(device):
             out = torch.UntypedStorage(nbytes, device=device)
-            if nbytes:
-                _C._read_into_device(path, [(offset, nbytes, out.data_ptr(), f"storage at byte {offset}")],
-                                     chunk_bytes, slots)
-                progress.advance(nbytes)
+        if nbytes:
+            pending.append((offset, nbytes, out))
         return out
 
     kwargs.pop("mmap", None)
@@ -133,8 +135,14 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     from ._progress import bar
 
     progress = bar(os.path.getsize(path), "Loading", path)
+    result = None
     try:
-        return torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
+        result = torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
+        segments = [(offset, n, out.data_ptr(), f"storage at byte {offset}") for offset, n, out in pending]
+        if segments:
+            with torch.vnpu.device(device):
+                _C._read_into_device(path, segments, chunk_bytes, slots, progress=progress.callback)
+        return result
     except (RuntimeError, OSError, KeyboardInterrupt) as e:  # out of memory, a failed read, Ctrl-C
         # Nothing stays allocated: torch.load's frames below this one (kept by the traceback, with the closures
         # that hold the storages restored so far) are dropped from the traceback, and the storages go back to
@@ -144,6 +152,8 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
 
         if e.__traceback__ is not None and e.__traceback__.tb_frame is sys._getframe():
             e.__traceback__.tb_next = None
+        pending.clear()
+        result = None  # noqa: F841 (drops the storages before the collection)
         gc.collect()
         raise
     finally:
