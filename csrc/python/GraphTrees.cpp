@@ -28,7 +28,7 @@ c10::StorageImpl* storage_impl(size_t address) {
 }
 
 // Storages of blocks the checkpoint freed stop owning them (CUDA's removeStorageDeleterFns).
-void release_stale(const std::vector<size_t>& stale, const std::unordered_set<void*>& freed) {
+void release_stale(const std::unordered_set<size_t>& stale, const std::unordered_set<void*>& freed) {
   for (size_t address : stale) {
     c10::StorageImpl* s = storage_impl(address);
     TORCH_CHECK(freed.count(s->data_ptr().get()) != 0,
@@ -82,7 +82,7 @@ void bind_graph_trees(pybind11::module& m) {
     std::unordered_set<size_t> stale(stale_storages.begin(), stale_storages.end());
     TORCH_CHECK(stale.size() >= definitely_freed,
                 "Any stale tensors which are being manually freed must be passed to set checkpoint");
-    release_stale(std::vector<size_t>(stale.begin(), stale.end()), freed);
+    release_stale(stale, freed);
     adopt_blocks(storages_to_add_deleters_to, delta);
   });
   m.def("_check_pool_live_allocations", [](c10::DeviceIndex device, Pool pool, const py::set& expected) {

@@ -14,11 +14,15 @@ What vnpu answers, and where:
   checkpoints, live-allocation check, raw delete): ``torch_vnpu._C`` (csrc/python/GraphTrees.cpp,
   Note [Graph pool checkpoints]);
 - ``Tensor.is_cuda`` in the trees' output checks: ``Tensor.is_vnpu``;
-- the gates that admit a graph (one device, and it is CUDA; partitions around non-GPU nodes): vnpu.
+- the gates that admit a graph (one device, and it is CUDA; partitions around non-GPU nodes), and the moving of
+  CPU scalars onto the device outside the recorded graph: vnpu;
+- a compiled optimizer step made capturable (:func:`apply_optimizer`): vnpu parameters too.
 
-Applied at the first compile, only when torch is built without CUDA (then nothing else can use the trees; a
-CUDA build keeps them for CUDA and compiles vnpu graphs without graphs, with a warning). Patches
-``inductor.graph-trees`` and ``inductor.graph-gates`` in the registry.
+Applied at the first compile (the gates act while Inductor compiles) or when ``torch._inductor.cudagraph_trees``
+is imported, whichever comes first, and at the import of ``torch._dynamo.variables.optimizer`` for optimizers
+(torch_vnpu._inductor.lazy); only when torch is built without CUDA (then nothing else can use the trees; a CUDA
+build keeps them for CUDA and compiles vnpu graphs without graphs, with a warning). Patches
+``inductor.graph-trees``, ``inductor.graph-gates`` and ``dynamo.optimizer-capturable`` in the registry.
 """
 
 from __future__ import annotations
