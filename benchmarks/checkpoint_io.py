@@ -31,7 +31,10 @@ and saving the loaded checkpoint (each shard to a new file; the load is not time
 
 Ratios: vnpu / cpu and read bandwidth fraction (read time / vnpu time). Host RSS of a vnpu load counts the device
 memory too (the vNPU's memory is this process's): "host overhead" is peak RSS minus the checkpoint's bytes.
-A cold page cache needs root (/proc/sys/vm/drop_caches); the JSON says whether it was dropped.
+Every row runs twice: on a warm page cache (the files were just read) and a cold one (the checkpoint's pages are
+evicted with posix_fadvise(DONTNEED) before each run; no root needed, and the libraries stay cached, so only the
+checkpoint is read from storage). Each save writes new files after a sync, so no save waits for another's
+write-back.
 
 Writes OUT/checkpoint_io.json and prints a table.
 
@@ -53,6 +56,13 @@ _CHILD = r"""
 import json, resource, sys, time
 import torch, safetensors.torch as st
 how, paths = sys.argv[1], sys.argv[2:]
+if how == "touch":  # each shard's tensor bytes, from its header (the file's data is not read)
+    import struct
+    def data_bytes(p):
+        with open(p, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        return sum(e - b for k, v in header.items() if k != "__metadata__" for b, e in [v["data_offsets"]])
+    sizes = [data_bytes(p) for p in paths]
 t0 = time.perf_counter()
 if how == "cpu":
     out = [{k: v.clone() for k, v in st.load_file(p, device="cpu").items()} for p in paths]
@@ -64,8 +74,7 @@ elif how == "vnpu_copy":
     out = [load(p, device=0) for p in paths]  # device 0: the accelerator's device 0
     torch.vnpu.synchronize()
 elif how == "touch":
-    out = [{"x": torch.empty(sum(v.numel() * v.element_size() for v in st.load_file(p).values()), dtype=torch.uint8,
-                             device="vnpu").fill_(1)} for p in paths]
+    out = [{"x": torch.empty(n, dtype=torch.uint8, device="vnpu").fill_(1)} for n in sizes]
     torch.vnpu.synchronize()
 elif how.startswith("pt_"):
     import torch.serialization
@@ -80,7 +89,7 @@ else:  # save_*: load untimed, then save every shard to a new file
     save = getattr(st.save_file, "__wrapped__", st.save_file) if how == "save_vnpu_copy" else st.save_file
     t0 = time.perf_counter()
     for p, d in zip(paths, out):
-        save(d, p + ".saved")
+        save(d, f"{p}.{how}")
     torch.vnpu.synchronize()
 seconds = time.perf_counter() - t0
 nbytes = sum(v.numel() * v.element_size() for d in out for v in d.values())
@@ -113,14 +122,15 @@ def _generate(directory, size_mib, shards):
     return paths
 
 
-def _drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
+def _evict(paths):
+    """Evict the files' pages from the page cache (they are clean); True if the kernel took the advice."""
+    for q in paths:
+        fd = os.open(q, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
 
 
 def _read(paths):
@@ -146,29 +156,33 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=1024, help="checkpoint size in MiB")
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cold", action="store_true", help="also drop the page cache before each load (root only)")
     args = p.parse_args(argv)
     run_meta = _meta.begin(__file__, argv)
     with tempfile.TemporaryDirectory() as d:
         paths = _generate(d, args.size, args.shards)
+        pt_paths = [q[:-len(".safetensors")] + ".pt" for q in paths]
         total = sum(os.path.getsize(q) for q in paths)
-        caches = ["warm"] + (["cold"] if args.cold else [])
+        os.sync()
         results = {}
-        dropped = None
-        for cache in caches:
+        for cache in ("warm", "cold"):
             rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
                     "pt_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": []}
             rss = {"cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": []}
             for _ in range(args.repeats):
                 for how in rows:
+                    if how.startswith("save_"):
+                        os.sync()  # no earlier write-back in flight
                     if cache == "cold":
-                        dropped = _drop_caches()
+                        _evict(paths + pt_paths)
                     else:
-                        _read(paths)  # warm
+                        _read(paths + pt_paths)  # warm
                     if how == "read":
                         rows[how].append(_read(paths))
                     else:
                         r = _child(how, paths)
+                        for q in paths:
+                            if os.path.exists(f"{q}.{how}"):
+                                os.remove(f"{q}.{how}")
                         rows[how].append(r["seconds"])
                         if how in rss:
                             rss[how].append(r["peak_rss"])
@@ -189,14 +203,15 @@ def main(argv=None):
                 "host_overhead_mib": {k: (statistics.median(v) - total) / (1 << 20) for k, v in rss.items()},
             }
     report = {"run": _meta.end(run_meta), "checkpoint_bytes": total, "shards": args.shards,
-              "page_cache_dropped": dropped, "results": results}
+              "cold_page_cache": "posix_fadvise(POSIX_FADV_DONTNEED) of the checkpoint's files before each run",
+              "results": results}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "checkpoint_io.json"), "w") as f:
         json.dump(report, f, indent=1)
     print(f"checkpoint {total / (1 << 20):.0f} MiB in {args.shards} shards; load average "
           f"{report['run']['load_average_before']}")
     for cache, r in results.items():
-        print(f"\n{cache} page cache" + ("" if cache == "warm" else f" (dropped: {dropped})"))
+        print(f"\n{cache} page cache")
         print(f"{'path':<10} {'s':>7} {'GiB/s':>7} {'peak RSS MiB':>13} {'host overhead MiB':>18}")
         for k in rows:
             rss_ = r["peak_rss_mib"].get(k)

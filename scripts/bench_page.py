@@ -250,8 +250,7 @@ def checkpoint_io(d):
                 continue
             rows.append((label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2),
                          num(r["peak_rss_mib"].get(k), 0), num(r["host_overhead_mib"].get(k), 0)))
-        note = "" if cache == "warm" else (" (page cache dropped)" if d["page_cache_dropped"] else
-                                           " (the page cache could not be dropped: not root)")
+        note = "" if cache == "warm" else " (the checkpoint's pages evicted before each run)"
         out += [f"{cache.capitalize()} page cache{note}: vnpu / cpu = {ratio(r['vnpu_over_cpu'])}, "
                 f"per-tensor copy / cpu = {ratio(r['vnpu_copy_over_cpu'])}, "
                 f"{100 * r['read_bandwidth_fraction']:.0f}% of the read bandwidth.", ""]

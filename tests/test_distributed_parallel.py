@@ -684,17 +684,38 @@ def _dcp(rank, ws, path):
             fully_shard(m)
     fully_shard(fresh)
     asd = fresh.state_dict()
-    dcp.load({"model": asd}, checkpoint_id=path + "-async")
-    async_diff = max((asd[k].full_tensor().cpu() - full[k]).abs().max().item() for k in full)
-    # load into a differently sharded model (tensor parallel on the same ranks)
-    mesh = init_device_mesh("vnpu", (ws,))
-    tp = _small(seed=5).to(dev)
-    parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    sd = tp.state_dict()
-    dcp.load({"model": sd}, checkpoint_id=path)
+    host_loads = []  # records built in host memory by DCP's own reader (torch.load onto the CPU)
+    original_load = torch.load
+
+    def counting_load(f, map_location=None, *args, **kwargs):
+        host_loads.append(map_location)
+        return original_load(f, map_location, *args, **kwargs)
+
+    torch.load = counting_load
+    try:
+        dcp.load({"model": asd}, checkpoint_id=path + "-async")
+        fsdp_host_loads = len(host_loads)  # FSDP2 shards (dim 0): every one read into the device
+        host_loads.clear()
+        async_diff = max((asd[k].full_tensor().cpu() - full[k]).abs().max().item() for k in full)
+        # load into a differently sharded model (tensor parallel on the same ranks)
+        mesh = init_device_mesh("vnpu", (ws,))
+        tp = _small(seed=5).to(dev)
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        sd = tp.state_dict()
+        dcp.load({"model": sd}, checkpoint_id=path)
+        tp_host_loads = len(host_loads)  # row shards, and a [1, 16] weight's columns: contiguous in the file
+        host_loads.clear()
+        # columns of a saved [16, 8] weight are not one byte range of the file: DCP's reader (host memory)
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        cols = {"0.weight": distribute_tensor(torch.zeros(16, 8, device=dev), mesh, [Shard(1)])}
+        dcp.load({"model": cols}, checkpoint_id=path)
+        col_diff = (cols["0.weight"].full_tensor().cpu() - full["0.weight"]).abs().max().item()
+    finally:
+        torch.load = original_load
     tp.load_state_dict(sd)
     diff = max((tp.state_dict()[k].full_tensor().cpu() - full[k]).abs().max().item() for k in full)
-    return shards, diff, full, async_diff, moved
+    return shards, diff, full, async_diff, moved, (fsdp_host_loads, tp_host_loads, host_loads, col_diff)
 
 
 def test_distributed_checkpoint_reshard_and_load_on_cpu(world, tmp_path):
@@ -704,7 +725,12 @@ def test_distributed_checkpoint_reshard_and_load_on_cpu(world, tmp_path):
     assert res[1][0]["2.bias"] == (0,)  # rank 1 holds an empty shard
     assert res[0][1] == res[1][1] == 0.0
     for r in res:  # async_save: what was staged at the call, although training went on
-        assert r[3] == 0.0 and r[4] > 1e-3, r[3:]
+        assert r[3] == 0.0 and r[4] > 1e-3, r[3:5]
+        # each rank read its shards from the files into the device; only a column split went through host
+        # memory (DCP's own reader), with the same values
+        fsdp_host_loads, tp_host_loads, col_host_loads, col_diff = r[5]
+        assert fsdp_host_loads == tp_host_loads == 0 and col_host_loads and set(col_host_loads) == {"cpu"}, r[5]
+        assert col_diff == 0.0
     # this (pytest) process has no process group: DCP loads the checkpoint on CPU in one process
     with torch.random.fork_rng():  # (leave this process's generator as later tests expect it)
         cpu = _small(seed=7)

@@ -47,6 +47,7 @@ stages = {"import": sorted(patches.applied())}
 import torch.nn.attention.flex_attention  # noqa: F401
 import torch.distributed.tensor  # noqa: F401
 import torch._inductor.cudagraph_trees  # noqa: F401
+import torch.distributed.checkpoint  # noqa: F401
 f = torch.compile(lambda x: (x * 2).sum(), backend="inductor")
 f(torch.ones(4, device="vnpu"))
 stages["compile"] = sorted(patches.applied())

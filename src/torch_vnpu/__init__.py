@@ -58,8 +58,8 @@ def _register() -> None:
         )
     vnpu._install_at_exit()
     # Every change to PyTorch's own behaviour is declared in src/torch_vnpu/patches/registry.py.
-    from .patches import (cpu_policies, cuda_unavailable, host_modes, load_streamed, optim_capture, profiler_export,
-                          profiler_stop)
+    from .patches import (cpu_policies, cuda_unavailable, dcp_read, host_modes, load_streamed, optim_capture,
+                          profiler_export, profiler_stop)
 
     cpu_policies.register(_BACKEND)
     host_modes.install()  # global modes take effect as of the call, however far behind the streams are
@@ -78,6 +78,7 @@ def _register() -> None:
     profiler_stop.install()  # a device error at the profiler's stop keeps the trace
     cuda_unavailable.install()  # "Torch not compiled with CUDA enabled" names port mode
     load_streamed.install()  # torch.load(path, map_location="vnpu") reads the file into device memory
+    dcp_read.install()  # torch.distributed.checkpoint.load reads vnpu tensors from the files into the device
     from .integrations import _autoload
 
     _autoload.install()  # library adapters switch on when their library is imported (VNPU_INTEGRATIONS)

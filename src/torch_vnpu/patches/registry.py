@@ -74,6 +74,14 @@ PATCHES: tuple[Patch, ...] = (
           "copy per storage; for a vnpu map_location the file is read into device memory through pinned buffers "
           "(torch_vnpu.checkpoints.torch_load). Other calls are torch.load's own.",
           "A device hook in torch.serialization that restores a storage from its byte range in the file."),
+    Patch("distributed-checkpoint.read-into-device", "torch", _TORCH,
+          "import of torch.distributed.checkpoint.filesystem", "torch_vnpu.patches.dcp_read",
+          ("torch.distributed.checkpoint.filesystem.FileSystemReader.read_data",),
+          "torch.distributed.checkpoint.load restores each tensor by building it in host memory (torch.load of its "
+          "record) and copying it into its target; a vnpu target whose chunk is one byte range of the record is "
+          "read from the file into the device instead (torch_vnpu.checkpoints.dcp). Other items and readers of "
+          "other file systems are DCP's own.",
+          "A storage-reader hook that hands a record's byte range to the target's device."),
     # ---- torch.compile: import hooks ----
     Patch("inductor.lazy-registration", "torch", _TORCH, "import of torch._inductor.codegen.common",
           "torch_vnpu._inductor.lazy", ("torch._inductor.codegen.common.init_backend_registration",),
