@@ -19,6 +19,13 @@ the same tensors saved with torch.save (one .pt file per shard) and loaded with 
   pt_vnpu         torch.load(map_location="vnpu"): read into device memory (torch_vnpu.checkpoints.torch_load)
   pt_vnpu_copy    torch's own torch.load(map_location="vnpu"): a host copy and a blocking copy per storage
 
+the same tensors saved with torch.distributed.checkpoint (one process, one .distcp file) and loaded into
+pre-allocated tensors:
+
+  dcp_cpu         dcp.load into CPU tensors
+  dcp_vnpu        dcp.load into vnpu tensors: read into the device (torch_vnpu.checkpoints.dcp)
+  dcp_vnpu_copy   DCP's own reader into vnpu tensors: each record built in host memory, then copied
+
 the floor of any load into fresh vnpu memory:
 
   touch           allocating the checkpoint's bytes on vnpu and writing them once (first-touch page faults)
@@ -28,6 +35,10 @@ and saving the loaded checkpoint (each shard to a new file; the load is not time
   save_cpu        safetensors.torch.save_file of CPU tensors
   save_vnpu       safetensors.torch.save_file of vnpu tensors: downloaded into pinned buffers, written as each lands
   save_vnpu_copy  the per-tensor path it replaces: safetensors' own save (a blocking copy of each tensor to CPU)
+  pt_save_cpu         torch.save of CPU tensors
+  pt_save_vnpu        torch.save of vnpu tensors: storages downloaded ahead into pinned buffers
+                      (torch_vnpu.checkpoints.torch_save)
+  pt_save_vnpu_copy   torch's own torch.save of vnpu tensors: a blocking copy per storage
 
 Ratios: vnpu / cpu and read bandwidth fraction (read time / vnpu time). Host RSS of a vnpu load counts the device
 memory too (the vNPU's memory is this process's): "host overhead" is peak RSS minus the checkpoint's bytes.
@@ -53,7 +64,7 @@ import time
 import _meta
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 import torch, safetensors.torch as st
 how, paths = sys.argv[1], sys.argv[2:]
 if how == "touch":  # each shard's tensor bytes, from its header (the file's data is not read)
@@ -76,17 +87,40 @@ elif how == "vnpu_copy":
 elif how == "touch":
     out = [{"x": torch.empty(n, dtype=torch.uint8, device="vnpu").fill_(1)} for n in sizes]
     torch.vnpu.synchronize()
+elif how.startswith("dcp_"):
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.filesystem as fs
+    warnings.simplefilter("ignore")  # one process, no process group
+    if how == "dcp_vnpu_copy":  # DCP's own reader (this child only)
+        setattr(fs.FileSystemReader, "read_data", fs.FileSystemReader.read_data.__wrapped__)
+    directory = os.path.join(os.path.dirname(paths[0]), "dcp")
+    meta = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    device = "cpu" if how == "dcp_cpu" else "vnpu"
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype, device=device) for k, m in meta.items()}
+    torch.vnpu.synchronize()
+    t0 = time.perf_counter()
+    dcp.load(state, checkpoint_id=directory)
+    torch.vnpu.synchronize()
+    out = [state]
 elif how.startswith("pt_"):
     import torch.serialization
     load = torch.serialization.load if how == "pt_vnpu_copy" else torch.load  # torch's own, or the patched one
     out = [load(p[:-len(".safetensors")] + ".pt", map_location="cpu" if how == "pt_cpu" else "vnpu",
                 weights_only=True) for p in paths]
     torch.vnpu.synchronize()
-else:  # save_*: load untimed, then save every shard to a new file
-    out = [st.load_file(p, device="cpu" if how == "save_cpu" else "vnpu") for p in paths]
+else:  # save_* / pt_save_*: load untimed, then save every shard to a new file
+    out = [st.load_file(p, device="cpu" if how.endswith("save_cpu") else "vnpu") for p in paths]
     out = [{k: v.clone() for k, v in d.items()} for d in out]  # own memory, not the mapped file
     torch.vnpu.synchronize()
-    save = getattr(st.save_file, "__wrapped__", st.save_file) if how == "save_vnpu_copy" else st.save_file
+    if how.startswith("pt_"):
+        save = torch.save
+        if how == "pt_save_vnpu_copy":  # torch's own: a blocking copy per storage (this child only)
+            import torch.storage
+            setattr(torch.storage._StorageBase, "cpu", torch.storage._StorageBase.cpu.__wrapped__)
+            save = torch.save.__wrapped__
+    else:
+        save = getattr(st.save_file, "__wrapped__", st.save_file) if how == "save_vnpu_copy" else st.save_file
     t0 = time.perf_counter()
     for p, d in zip(paths, out):
         save(d, f"{p}.{how}")
@@ -104,7 +138,7 @@ def _generate(directory, size_mib, shards):
 
     g = torch.Generator().manual_seed(0)
     per_shard = size_mib * (1 << 20) // shards
-    paths = []
+    paths, everything = [], {}
     for s in range(shards):
         state, used, i = {}, 0, 0
         while used < per_shard:
@@ -119,6 +153,14 @@ def _generate(directory, size_mib, shards):
         st.save_file(state, path)
         torch.save(state, path[:-len(".safetensors")] + ".pt")
         paths.append(path)
+        everything.update({f"shard{s}.{k}": v for k, v in state.items()})
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one process, no process group
+        dcp.save(everything, checkpoint_id=os.path.join(directory, "dcp"))
     return paths
 
 
@@ -160,22 +202,24 @@ def main(argv=None):
     run_meta = _meta.begin(__file__, argv)
     with tempfile.TemporaryDirectory() as d:
         paths = _generate(d, args.size, args.shards)
-        pt_paths = [q[:-len(".safetensors")] + ".pt" for q in paths]
+        other_paths = [q[:-len(".safetensors")] + ".pt" for q in paths]
+        other_paths += [os.path.join(d, "dcp", f) for f in os.listdir(os.path.join(d, "dcp"))]
         total = sum(os.path.getsize(q) for q in paths)
         os.sync()
         results = {}
         for cache in ("warm", "cold"):
             rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
-                    "pt_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": []}
+                    "pt_vnpu_copy": [], "dcp_cpu": [], "dcp_vnpu": [], "dcp_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": [], "pt_save_cpu": [], "pt_save_vnpu": [],
+                    "pt_save_vnpu_copy": []}
             rss = {"cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": []}
             for _ in range(args.repeats):
                 for how in rows:
-                    if how.startswith("save_"):
+                    if "save_" in how:
                         os.sync()  # no earlier write-back in flight
                     if cache == "cold":
-                        _evict(paths + pt_paths)
+                        _evict(paths + other_paths)
                     else:
-                        _read(paths + pt_paths)  # warm
+                        _read(paths + other_paths)  # warm
                     if how == "read":
                         rows[how].append(_read(paths))
                     else:
@@ -196,9 +240,14 @@ def main(argv=None):
                 "read_bandwidth_fraction": med["read"] / med["vnpu"],
                 "pt_vnpu_over_cpu": med["pt_vnpu"] / med["pt_cpu"],
                 "pt_vnpu_copy_over_cpu": med["pt_vnpu_copy"] / med["pt_cpu"],
+                "dcp_vnpu_over_cpu": med["dcp_vnpu"] / med["dcp_cpu"],
+                "dcp_vnpu_copy_over_cpu": med["dcp_vnpu_copy"] / med["dcp_cpu"],
                 "touch_over_cpu": med["touch"] / med["cpu"],
                 "save_vnpu_over_cpu": med["save_vnpu"] / med["save_cpu"],
                 "save_vnpu_copy_over_cpu": med["save_vnpu_copy"] / med["save_cpu"],
+                "pt_save_vnpu_over_cpu": med["pt_save_vnpu"] / med["pt_save_cpu"],
+                "pt_save_vnpu_copy_over_cpu": med["pt_save_vnpu_copy"] / med["pt_save_cpu"],
+                "min_seconds": {k: min(v) for k, v in rows.items()},
                 "peak_rss_mib": {k: statistics.median(v) / (1 << 20) for k, v in rss.items()},
                 "host_overhead_mib": {k: (statistics.median(v) - total) / (1 << 20) for k, v in rss.items()},
             }
@@ -223,8 +272,12 @@ def main(argv=None):
         print(f"torch.load: vnpu / cpu = {r['pt_vnpu_over_cpu']:.2f}x, per-storage copy path / cpu = "
               f"{r['pt_vnpu_copy_over_cpu']:.2f}x; first touch of the device memory / cpu load = "
               f"{r['touch_over_cpu']:.2f}x")
+        print(f"dcp.load: vnpu / cpu = {r['dcp_vnpu_over_cpu']:.2f}x, DCP's own reader / cpu = "
+              f"{r['dcp_vnpu_copy_over_cpu']:.2f}x")
         print(f"save: vnpu / cpu = {r['save_vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = "
               f"{r['save_vnpu_copy_over_cpu']:.2f}x")
+        print(f"torch.save: vnpu / cpu = {r['pt_save_vnpu_over_cpu']:.2f}x, per-storage copy path / cpu = "
+              f"{r['pt_save_vnpu_copy_over_cpu']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -265,6 +265,13 @@ def checkpoint_io(d):
                 for k, label in (("pt_cpu", "to CPU memory"), ("pt_vnpu", "to vnpu, read into the device"),
                                  ("pt_vnpu_copy", "to vnpu, a copy per storage (torch's own)"),
                                  ("touch", "first write of fresh vnpu memory"))])
+        if "dcp_vnpu_over_cpu" in r:
+            out += [f"torch.distributed.checkpoint.load: vnpu / cpu = {ratio(r['dcp_vnpu_over_cpu'])}, DCP's own "
+                    f"reader / cpu = {ratio(r['dcp_vnpu_copy_over_cpu'])}.", ""]
+            out += table(["dcp.load", "s", "GiB/s"], [
+                (label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2))
+                for k, label in (("dcp_cpu", "into CPU tensors"), ("dcp_vnpu", "into vnpu tensors, read into the device"),
+                                 ("dcp_vnpu_copy", "into vnpu tensors, DCP's own reader (host copy per record)"))])
         if "save_vnpu_over_cpu" in r:
             out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}, per-tensor copy / cpu = "
                     f"{ratio(r['save_vnpu_copy_over_cpu'])}.", ""]
@@ -272,6 +279,14 @@ def checkpoint_io(d):
                 (label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2))
                 for k, label in (("save_cpu", "from CPU memory"), ("save_vnpu", "from vnpu, streamed"),
                                  ("save_vnpu_copy", "from vnpu, a copy per tensor (before)"))])
+        if "pt_save_vnpu_over_cpu" in r:
+            out += [f"torch.save: vnpu / cpu = {ratio(r['pt_save_vnpu_over_cpu'])}, per-storage copy / cpu = "
+                    f"{ratio(r['pt_save_vnpu_copy_over_cpu'])}.", ""]
+            out += table(["torch.save", "s", "GiB/s"], [
+                (label, num(r["seconds"][k], 3), num(r["gib_per_s"][k], 2))
+                for k, label in (("pt_save_cpu", "from CPU memory"),
+                                 ("pt_save_vnpu", "from vnpu, storages downloaded ahead into pinned buffers"),
+                                 ("pt_save_vnpu_copy", "from vnpu, torch's own copy per storage"))])
     return out + [f"A {d['checkpoint_bytes'] / MIB:.0f} MiB checkpoint in {plural(d['shards'], 'shard')}; "
                   "each load in a fresh process (median). A vnpu load's RSS includes the device memory (the "
                   "vNPU's memory is the process's).", ""]

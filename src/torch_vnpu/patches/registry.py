@@ -82,6 +82,12 @@ PATCHES: tuple[Patch, ...] = (
           "read from the file into the device instead (torch_vnpu.checkpoints.dcp). Other items and readers of "
           "other file systems are DCP's own.",
           "A storage-reader hook that hands a record's byte range to the target's device."),
+    Patch("serialization.save-batched", "torch", _TORCH, "import", "torch_vnpu.patches.save_batched",
+          ("torch.save", "torch.storage._StorageBase.cpu"),
+          "torch.save copies each device storage to fresh host memory with a blocking copy just before writing it; "
+          "for vnpu storages the downloads are queued ahead into pinned buffers and each write waits for its own "
+          "(torch_vnpu.checkpoints.torch_save). Other .cpu() calls and devices are torch's own.",
+          "A device hook in torch.serialization's writer that stages storages ahead of the writes."),
     # ---- torch.compile: import hooks ----
     Patch("inductor.lazy-registration", "torch", _TORCH, "import of torch._inductor.codegen.common",
           "torch_vnpu._inductor.lazy", ("torch._inductor.codegen.common.init_backend_registration",),
