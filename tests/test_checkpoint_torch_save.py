@@ -98,3 +98,17 @@ def test_cpu_calls_outside_torch_save_are_torch_s_own():
     s = x.untyped_storage().cpu()
     assert s.device.type == "cpu" and not s.is_pinned()
     assert torch.equal(torch.empty(0, dtype=torch.int64).set_(s), torch.arange(10))
+
+
+def test_saving_while_capturing_raises_the_capture_error_and_saves_nothing():
+    """A host read inside a graph capture is refused, as on CUDA: the same error as torch's own copy."""
+    x = torch.arange(1000.0, device="vnpu")
+    torch.save({"warm": x}, io.BytesIO())  # pinned buffers cached: the capture would not refuse their allocation
+    buf = io.BytesIO()
+    with pytest.raises(torch.AcceleratorError, match="pageable host memory"):
+        with torch.vnpu.graph(torch.vnpu.VNPUGraph()):
+            y = x * 2
+            torch.save({"y": y}, buf)
+    assert torch_save._tls.stack == []
+    torch.vnpu.synchronize()
+    assert torch.equal((x * 2).cpu(), torch.arange(1000.0) * 2)

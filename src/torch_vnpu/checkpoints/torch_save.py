@@ -80,7 +80,8 @@ class saving:
 
 def take(storage: Any, serialized_storages: dict) -> torch.UntypedStorage | None:
     """A CPU storage (pinned) holding ``storage``'s bytes, from the downloads of the current torch.save, or None
-    when no torch.save runs on this thread.
+    when no torch.save runs on this thread or the storage's stream is capturing a graph (torch's copy then raises
+    the capture error, as on CUDA).
 
     Args:
         storage: a vnpu ``UntypedStorage`` torch.save is about to write.
@@ -89,6 +90,9 @@ def take(storage: Any, serialized_storages: dict) -> torch.UntypedStorage | None
     stack = getattr(_tls, "stack", None)
     if not stack:
         return None
+    with torch.vnpu.device(storage.device):
+        if torch.vnpu.is_current_stream_capturing():  # torch's copy raises CUDA's error for a host read
+            return None
     if stack[-1] is None:
         stack[-1] = _Downloads(list(serialized_storages.values()))
         stack[-1].fill()
