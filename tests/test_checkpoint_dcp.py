@@ -137,3 +137,77 @@ def test_the_sanitizer_sees_no_race_in_a_load_then_use(checkpoint, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = _state(0)
     assert float(proc.stdout.strip()) == (s["t1_4"].double().sum() + s["t3_3"].double().sum()).item()
+
+
+def test_a_file_cut_inside_the_first_record_says_where_it_ends(checkpoint, tmp_path):
+    import shutil
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(checkpoint, broken)
+    info = next(v for k, v in dcp.FileSystemReader(broken).read_metadata().storage_data.items() if k.fqn == "t2_4")
+    with open(os.path.join(broken, info.relative_path), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CheckpointException) as e:
+        _no_pg_load({"t2_4": torch.zeros(2, 3, 129, dtype=torch.float16, device="vnpu")}, broken)
+    assert "cannot be read: " in str(e.value) and "the file ends at byte 100" in str(e.value)
+
+
+def test_records_with_compressed_or_foreign_byte_order_entries_are_not_read_as_raw_bytes():
+    """A record whose tensor entry is deflated (DCP never writes one, a rewritten file may) or whose bytes are in
+    the other byte order goes to DCP's reader, which decodes it."""
+    import io
+    import zipfile
+
+    from torch_vnpu.checkpoints import dcp as vdcp
+
+    raw = io.BytesIO()
+    torch.save(torch.arange(1000.0), raw)
+    assert vdcp._raw_bytes(io.BytesIO(raw.getvalue()))
+
+    def rewritten(compress, order=None):
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(raw.getvalue())) as src, zipfile.ZipFile(out, "w") as dst:
+            for i in src.infolist():
+                data = src.read(i)
+                if i.filename.endswith("/byteorder") and order is not None:
+                    data = order
+                dst.writestr(i.filename, data, compress_type=compress if "/data/" in i.filename else zipfile.ZIP_STORED)
+        return io.BytesIO(out.getvalue())
+
+    assert vdcp._raw_bytes(rewritten(zipfile.ZIP_STORED))
+    assert not vdcp._raw_bytes(rewritten(zipfile.ZIP_DEFLATED))
+    other = b"big" if sys.byteorder == "little" else b"little"
+    assert not vdcp._raw_bytes(rewritten(zipfile.ZIP_STORED, other))
+
+
+def _save_from_another_device(path):
+    x = torch.zeros(1 << 20, device="vnpu:1")
+    with torch.vnpu.device(1):  # the value is written behind slow work on vnpu:1's stream
+        a = torch.randn(1024, 1024, device="vnpu:1")
+        for _ in range(10):
+            a = a @ a / 1024
+        x.add_(a.sum() * 0 + 7)
+    _no_pg_save({"x": x}, path)  # vnpu:0 is current
+    back = {"x": torch.zeros(1 << 20)}
+    _no_pg_load(back, path)
+    return back["x"]
+
+
+def test_dcp_save_of_a_tensor_on_another_device_waits_for_its_staging_copy(tmp_path):
+    """DCP stages with non_blocking copies and synchronizes the current device only: the copy on vnpu:1 is waited
+    for too (it was a silent stale checkpoint, as it is on CUDA)."""
+    assert torch.vnpu.current_device() == 0
+    assert torch.equal(_save_from_another_device(str(tmp_path / "c")), torch.full((1 << 20,), 7.0))
+
+
+def test_the_same_under_the_sanitizer(tmp_path):
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import test_checkpoint_dcp as t, torch\n"
+            "print(torch.equal(t._save_from_another_device(%r), torch.full((1 << 20,), 7.0)))\n"
+            % (os.path.dirname(__file__), str(tmp_path / "c")))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, VNPU_SANITIZE="1"), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True"

@@ -58,8 +58,8 @@ def _register() -> None:
         )
     vnpu._install_at_exit()
     # Every change to PyTorch's own behaviour is declared in src/torch_vnpu/patches/registry.py.
-    from .patches import (cpu_policies, cuda_unavailable, dcp_read, host_modes, load_streamed, optim_capture,
-                          profiler_export, profiler_stop, save_batched)
+    from .patches import (cpu_policies, cuda_unavailable, dcp_read, dcp_staging, host_modes, load_streamed,
+                          optim_capture, profiler_export, profiler_stop, save_batched)
 
     cpu_policies.register(_BACKEND)
     host_modes.install()  # global modes take effect as of the call, however far behind the streams are
@@ -79,6 +79,7 @@ def _register() -> None:
     cuda_unavailable.install()  # "Torch not compiled with CUDA enabled" names port mode
     load_streamed.install()  # torch.load(path, map_location="vnpu") reads the file into device memory
     dcp_read.install()  # torch.distributed.checkpoint.load reads vnpu tensors from the files into the device
+    dcp_staging.install()  # dcp.save waits for the staging copies of tensors on every vnpu device
     save_batched.install()  # torch.save downloads vnpu storages ahead into pinned buffers
     from .integrations import _autoload
 

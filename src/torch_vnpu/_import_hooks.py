@@ -77,6 +77,14 @@ def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
     if module is not None:
         run_hook(hook, module)
         return
+    earlier = _finder.hooks.get(name)
+    if earlier is not None:  # several hooks on one module run in the order they were added
+        first, then = earlier, hook
+
+        def hook(module: ModuleType) -> None:
+            run_hook(first, module)
+            run_hook(then, module)
+
     _finder.hooks[name] = hook
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

@@ -11,12 +11,15 @@ reads only the items of its own load plan, as with DCP's reader.
 
 Everything else goes through DCP's own ``read_data``, unchanged: bytes items, CPU targets, chunks that are not
 contiguous in the file (a resharded load that splits a saved tensor along a later dimension), dtype changes,
-records with a stream transform (compression, extensions), other byte orders, and readers of other file systems.
+records with a stream transform (compression, extensions) or compressed zip entries, other byte orders, and
+readers of other file systems.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
 import sys
 from typing import Any, Callable
 
@@ -28,15 +31,50 @@ _CHUNK_BYTES = 16 << 20
 _SLOTS = 4
 
 
-def _native_byte_order(record: Any) -> bool:
-    """Whether a ``torch.save`` archive's tensor bytes are in this host's byte order (what torch.load checks
-    before it byteswaps)."""
-    reader = torch._C.PyTorchFileReader(record)
-    if reader.has_record("byteorder"):
-        order = reader.get_record("byteorder").decode()
-    else:
-        default = torch.serialization.get_default_load_endianness()
-        order = sys.byteorder if default is None else ("little" if default.name == "LITTLE" else "big")
+class _Range(io.RawIOBase):
+    """Bytes ``start .. start + length`` of an open file, as a seekable file (what zipfile needs)."""
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.start, self.length, self.pos = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self.length - self.pos))
+        data = os.pread(self.fd, n, self.start + self.pos)
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _raw_bytes(record: Any) -> bool:
+    """Whether a ``torch.save`` archive holds its tensor bytes as they are: entries stored, not compressed, and
+    in this host's byte order (what torch.load checks before it byteswaps)."""
+    import zipfile
+
+    with zipfile.ZipFile(record) as archive:
+        infos = archive.infolist()
+        if any(i.compress_type != zipfile.ZIP_STORED for i in infos if "/data/" in i.filename):
+            return False
+        orders = [i for i in infos if i.filename.endswith("/byteorder")]
+        if orders:
+            order = archive.read(orders[0]).decode()
+        else:
+            default = torch.serialization.get_default_load_endianness()
+            order = sys.byteorder if default is None else ("little" if default.name == "LITTLE" else "big")
     return order == sys.byteorder
 
 
@@ -66,8 +104,9 @@ def _plan_reads(reader: Any, plan: Any, planner: Any) -> tuple[dict, list]:
             try:
                 saved = torch.serialization.load(record, map_location="meta", weights_only=True)
             except (RuntimeError, OSError, EOFError) as e:  # a truncated or overwritten file
+                why = str(e) or f"{type(e).__name__}: the file ends at byte {os.path.getsize(path)}"
                 raise RuntimeError(f"{path}: the record of tensor '{req.dest_index.fqn}' (bytes {info.offset}.."
-                                   f"{info.offset + info.length}) cannot be read: {e}") from e
+                                   f"{info.offset + info.length}) cannot be read: {why}") from e
             if not isinstance(saved, torch.Tensor):
                 rest.append(req)
                 continue
@@ -76,8 +115,7 @@ def _plan_reads(reader: Any, plan: Any, planner: Any) -> tuple[dict, list]:
                     or chunk.is_conj() or chunk.is_neg()):
                 rest.append(req)
                 continue
-            record.seek(0)
-            if not _native_byte_order(record):
+            if not _raw_bytes(_Range(streams[path].fileno(), info.offset, info.length)):
                 rest.append(req)
                 continue
             size = chunk.element_size()

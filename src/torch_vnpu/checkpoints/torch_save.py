@@ -5,7 +5,9 @@ just before writing it: one blocking copy into fresh host memory per storage, so
 file is written and the host pays first-touch faults for every byte. Here, inside torch.save, the first
 ``.cpu()`` of a vnpu storage takes torch's list of the storages still to write and queues their downloads into
 pinned buffers, up to ``WINDOW_BYTES`` ahead, on each storage's current stream; each ``.cpu()`` then waits for
-its own download only and queues the next ones, so downloads overlap the writes. The bytes are those of the
+its own download only and queues the next ones, so downloads overlap the writes. A storage larger than the
+window keeps torch's copy (its sync costs little against its size, and no pinned buffer that large stays cached
+in the host allocator). The bytes are those of the
 call's place in stream order, as with torch's copy. The file is torch.save's own (same records, same bytes).
 """
 
@@ -31,7 +33,8 @@ class _Downloads:
     """The downloads of one torch.save, in the order it writes the storages."""
 
     def __init__(self, storages: list) -> None:
-        self.order = [s for s in storages if s.device.type == "vnpu" and s.nbytes() > 0]
+        # A storage larger than the window keeps torch's copy: its pinned buffer would stay cached afterwards.
+        self.order = [s for s in storages if s.device.type == "vnpu" and 0 < s.nbytes() <= WINDOW_BYTES]
         self.next = 0  # index in order of the next download to queue
         self.ready: dict[tuple, tuple[torch.Tensor, torch.vnpu.Event]] = {}
         self.queued_bytes = 0

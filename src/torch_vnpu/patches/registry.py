@@ -88,6 +88,15 @@ PATCHES: tuple[Patch, ...] = (
           "for vnpu storages the downloads are queued ahead into pinned buffers and each write waits for its own "
           "(torch_vnpu.checkpoints.torch_save). Other .cpu() calls and devices are torch's own.",
           "A device hook in torch.serialization's writer that stages storages ahead of the writes."),
+    Patch("distributed-checkpoint.staging-every-device", "torch", _TORCH,
+          "import of torch.distributed.checkpoint.filesystem", "torch_vnpu.patches.dcp_staging",
+          ("torch.distributed.checkpoint.filesystem._OverlappingCpuLoader.__init__",
+           "torch.distributed.checkpoint.filesystem._OverlappingCpuLoader._drain",
+           "torch.distributed.checkpoint.filesystem._OverlappingCpuLoader._finish"),
+          "dcp.save stages tensors with non_blocking copies to the host and synchronizes a stream of the current "
+          "device only; a tensor on another vnpu device was written before its copy finished (stale values, no "
+          "error; CUDA has the same race). The loader now also synchronizes the streams of the devices it staged.",
+          "Synchronize the source tensors' devices (or record events per source stream) in _OverlappingCpuLoader."),
     # ---- torch.compile: import hooks ----
     Patch("inductor.lazy-registration", "torch", _TORCH, "import of torch._inductor.codegen.common",
           "torch_vnpu._inductor.lazy", ("torch._inductor.codegen.common.init_backend_registration",),
