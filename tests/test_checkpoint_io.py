@@ -1,6 +1,7 @@
 """torch_vnpu.checkpoints.safetensors: safetensors files streamed onto vnpu through pinned staging buffers. Oracle: the same
 file loaded by safetensors onto the CPU (bitwise), safetensors' own errors for malformed files."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -388,6 +389,7 @@ def test_a_failed_torch_load_names_the_file_and_frees_what_it_loaded(tmp_path, m
         return real(self, address) if len(seen) < 5 else os.path.getsize(self.path) - 2
 
     monkeypatch.setattr(torch_load._FileMap, "offset", offset)
+    gc.collect()  # earlier tests' tensors still in reference cycles would be freed by the load's own collection
     torch.vnpu.synchronize()
     before = torch.vnpu.memory_allocated()
     with pytest.raises(RuntimeError, match="ckpt.pt"):

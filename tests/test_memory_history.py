@@ -23,6 +23,7 @@ THIS_FILE = os.path.basename(__file__)
 @pytest.fixture
 def history():
     """Starts from an empty cache (so that new segments show up as segment_alloc events) and stops recording."""
+    gc.collect()  # tensors of earlier tests still in reference cycles (tracebacks) would keep their segments
     torch.vnpu.synchronize()
     torch.vnpu.empty_cache()
     yield torch.vnpu.memory
