@@ -94,9 +94,11 @@ def test_known_allocations_appear_in_snapshot_and_trace(history):
     seg_allocs = _events(snap, action="segment_alloc")
     assert any(e["size"] == 20 * MiB and e["stream"] == default and e["addr"] <= k["a"] < e["addr"] + e["size"]
                for e in seg_allocs), seg_allocs
+    # b's 2 MiB small segment belongs to the side stream: a new one, or one an earlier user of this pool stream
+    # still holds (torch.vnpu.Stream() hands out pool streams round-robin; a live block keeps its segment cached)
     b_ptr = k["b"].data_ptr()
-    assert any(e["size"] == 2 * MiB and e["stream"] == side and e["addr"] <= b_ptr < e["addr"] + e["size"]
-               for e in seg_allocs), seg_allocs
+    assert any(s["total_size"] == 2 * MiB and s["stream"] == side and s["address"] <= b_ptr < s["address"] + 2 * MiB
+               for s in snap["segments"]), [{k: v for k, v in s.items() if k != "frames"} for s in snap["segments"]]
     (b_alloc,) = _events(snap, addr=b_ptr, action="alloc")
     assert b_alloc["size"] == 1000 and b_alloc["stream"] == side
     assert _named(b_alloc["frames"], "_known_pattern")[0]["line"] == k["line_b"]
