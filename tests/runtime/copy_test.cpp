@@ -381,4 +381,66 @@ TEST_F(CopyTest, AShortFileReadReportsTheBytesReadAndLeavesTheStreamHealthy) {
   EXPECT_EQ(vnpuGetLastError(), vnpuSuccess);
 }
 
+// ---- file writes from device memory (cuFileWriteAsync's role) ------------------------
+
+std::vector<int> ReadBack(int fd, size_t n, size_t offset = 0) {
+  std::vector<int> out(n, -1);
+  const ssize_t r = ::pread(fd, out.data(), n * sizeof(int), static_cast<off_t>(offset));
+  EXPECT_EQ(r, static_cast<ssize_t>(n * sizeof(int)));
+  return out;
+}
+
+TEST_F(CopyTest, FileWriteTakesTheBytesAsOfItsPlaceInTheStream) {
+  constexpr size_t n = 1 << 16;
+  TempFile file(std::vector<int>(8, 0));  // the write lands after these 32 bytes
+  DeviceBuffer d(n * sizeof(int));
+  int* dev = static_cast<int*>(d.get());
+  vnpuStream_t s = nullptr;
+  ASSERT_EQ(vnpuStreamCreate(&s), vnpuSuccess);
+  // A slow kernel queued before the write fills the memory; one queued after it overwrites it. The file holds
+  // the first kernel's values, whatever the host does meanwhile.
+  ASSERT_EQ(vnpuLaunchKernel(s, "fill", [dev] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (size_t i = 0; i < n; ++i) dev[i] = static_cast<int>(i) + 5;
+  }), vnpuSuccess);
+  auto wrote = std::make_shared<int64_t>(0);
+  ASSERT_EQ(vnpuMemcpyToFileAsync(file.fd, 8 * sizeof(int), dev, n * sizeof(int), wrote, s), vnpuSuccess);
+  EXPECT_EQ(*wrote, -1);  // not run yet
+  ASSERT_EQ(vnpuLaunchKernel(s, "clobber", [dev] { std::fill(dev, dev + n, -7); }), vnpuSuccess);
+  ::close(::dup(file.fd));  // the runtime writes through its own descriptor
+  ASSERT_EQ(vnpuStreamSynchronize(s), vnpuSuccess);
+  EXPECT_EQ(*wrote, static_cast<int64_t>(n * sizeof(int)));
+  EXPECT_EQ(ReadBack(file.fd, n, 8 * sizeof(int)), Iota(n, 5));
+  EXPECT_EQ(ReadBack(file.fd, 8), std::vector<int>(8, 0));
+  EXPECT_EQ(vnpuStreamDestroy(s), vnpuSuccess);
+}
+
+TEST_F(CopyTest, AFailedFileWriteReportsErrnoAndLeavesTheStreamHealthy) {
+  DeviceBuffer d(4096);
+  ASSERT_EQ(vnpuMemsetAsync(d.get(), 1, 4096, nullptr), vnpuSuccess);
+  auto wrote = std::make_shared<int64_t>(0);
+  // A full device: ENOSPC.
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0);
+  ASSERT_EQ(vnpuMemcpyToFileAsync(full, 0, d.get(), 4096, wrote, nullptr), vnpuSuccess);
+  ::close(full);
+  EXPECT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);  // not a stream error
+  EXPECT_EQ(*wrote, -static_cast<int64_t>(ENOSPC));
+  // A descriptor not open for writing: EBADF.
+  TempFile file(Iota(16));
+  const int rdonly = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(rdonly, 0);
+  ASSERT_EQ(vnpuMemcpyToFileAsync(rdonly, 0, d.get(), 64, wrote, nullptr), vnpuSuccess);
+  ::close(rdonly);
+  EXPECT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);
+  EXPECT_EQ(*wrote, -static_cast<int64_t>(EBADF));
+  EXPECT_EQ(ReadBack(file.fd, 16), Iota(16));
+  // Bad arguments are refused at the call: host memory, no descriptor, no counter.
+  std::vector<int> host(16);
+  EXPECT_EQ(vnpuMemcpyToFileAsync(file.fd, 0, host.data(), 64, wrote, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuMemcpyToFileAsync(-1, 0, d.get(), 64, wrote, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuMemcpyToFileAsync(file.fd, 0, d.get(), 64, nullptr, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuGetLastError(), vnpuSuccess);
+}
+
 }  // namespace

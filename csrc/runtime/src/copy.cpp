@@ -216,6 +216,16 @@ void populate_for_write(char* p, size_t n) {
   const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
   if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
 }
+// The task's own duplicate of a caller's descriptor, closed with the last task holding it: the caller may close
+// its descriptor at once. Null if `fd` is not open.
+std::shared_ptr<int> own_descriptor(int fd) {
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return nullptr;
+  return std::shared_ptr<int>(new int(own), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+}
 }  // namespace
 
 // Note [File reads into device memory]
@@ -245,12 +255,8 @@ vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t c
                              "vnpuMemcpyFromFileAsync into the capturing stream (a file is read once, not at each "
                              "replay): load the data before the capture begins");
   }
-  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (own < 0) return vnpuErrorInvalidValue;
-  std::shared_ptr<int> file(new int(own), [](int* f) {
-    ::close(*f);
-    delete f;
-  });
+  std::shared_ptr<int> file = own_descriptor(fd);
+  if (file == nullptr) return vnpuErrorInvalidValue;
   if (san::on()) {
     const vnpuMemAccess acc{dst, count, 1};
     if (vnpuError_t e = san::report_host_access(s, "memcpy FtoD"); e != vnpuSuccess) return e;
@@ -278,5 +284,64 @@ vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t c
     }
     if (bounce) std::memcpy(dst, into, done);
     *bytes_read = static_cast<int64_t>(done);
+  }, nullptr, info));
+}
+
+// Note [File writes from device memory]
+// The mirror of Note [File reads into device memory]: the copy task pwrites the device range into the file, so
+// the bytes go from device memory to the page cache in one pass, with no pinned staging buffer and no second
+// copy (cuFileWrite's role). Several streams writing different ranges keep several writes in flight.
+vnpuError_t vnpuMemcpyToFileAsync(int fd, uint64_t offset, const void* src, size_t count,
+                                  std::shared_ptr<int64_t> bytes_written, vnpuStream_t stream) {
+  if (bytes_written == nullptr || src == nullptr || fd < 0) return vnpuErrorInvalidValue;
+  *bytes_written = -1;
+  if (count == 0) {
+    *bytes_written = 0;
+    return vnpuSuccess;
+  }
+  if (device_of(src) < 0 || device_of(static_cast<const char*>(src) + count - 1) != device_of(src)) {
+    return vnpuErrorInvalidValue;
+  }
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
+  vnpuStream_st* s = resolve(stream);
+  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(s)) {
+    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
+                             "vnpuMemcpyToFileAsync on the capturing stream (a file is written once, not at each "
+                             "replay): save after the capture ends");
+  }
+  std::shared_ptr<int> file = own_descriptor(fd);
+  if (file == nullptr) return vnpuErrorInvalidValue;
+  if (san::on()) {
+    const vnpuMemAccess acc{src, count, 0};
+    if (vnpuError_t e = san::report_host_access(s, "memcpy DtoF"); e != vnpuSuccess) return e;
+    if (vnpuError_t e = san::begin_task(s, "memcpy DtoF", &acc, 1); e != vnpuSuccess) return e;
+  }
+  TaskInfo info{vnpuActivityKindMemcpy, count, vnpuMemcpyDeviceToHost};
+  if (recording()) info.src_device = device_of(src);
+  // Under the sanitizer's host-access check the kernel cannot read device memory (EFAULT, as for reads): copy
+  // to a host buffer in user mode first.
+  const bool bounce = san::host_check_on();
+  // Note [Errors follow peer copies]: from another device's memory, that device's pending error fails the task.
+  const int peer = device_of(src) != s->device ? device_of(src) : -1;
+  return finish_submission(s, s->submit("memcpy DtoF", [src, file, offset, count, bytes_written, bounce, peer] {
+    if (peer >= 0 && peek_device_error(peer) != vnpuSuccess) {
+      throw std::runtime_error("its source, on vnpu:" + std::to_string(peer) + ", was produced by a failed kernel (" +
+                               vnpuGetLastErrorString() + "); nothing was written");
+    }
+    std::unique_ptr<char[]> host(bounce ? new char[count] : nullptr);
+    if (bounce) std::memcpy(host.get(), src, count);
+    const char* from = bounce ? host.get() : static_cast<const char*>(src);
+    size_t done = 0;
+    while (done < count) {
+      const ssize_t w = ::pwrite(*file, from + done, count - done, static_cast<off_t>(offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        *bytes_written = w < 0 ? -static_cast<int64_t>(errno) : -static_cast<int64_t>(EIO);
+        return;
+      }
+      done += static_cast<size_t>(w);
+    }
+    *bytes_written = static_cast<int64_t>(done);
   }, nullptr, info));
 }

@@ -326,6 +326,15 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
 // (an event recorded after it). vnpuErrorStreamCaptureUnsupported on a capturing stream.
 vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t count,
                                     std::shared_ptr<int64_t> bytes_read, vnpuStream_t stream);
+// Writes `count` bytes of device memory `src` to the open file `fd` at byte `offset` (pwrite), as a copy task
+// on `stream`: device to storage with no host staging buffer (the role of cuFileWriteAsync). The bytes written
+// are those `src` holds when the task runs, after the work queued on `stream` before it. The runtime writes
+// through its own duplicate of `fd`. When the task has run, *bytes_written holds `count` or -errno after a
+// failed write (ENOSPC, EBADF, ...; it holds -1 before); the task never fails the stream. A pending error of
+// the device (a failed kernel) is the stream's, as for any copy. vnpuErrorStreamCaptureUnsupported on a
+// capturing stream.
+vnpuError_t vnpuMemcpyToFileAsync(int fd, uint64_t offset, const void* src, size_t count,
+                                  std::shared_ptr<int64_t> bytes_written, vnpuStream_t stream);
 
 // Graphs: stream capture and replay (cudaStreamBeginCapture, cudaGraphLaunch).
 // While a stream is capturing, the work submitted to it (kernels, device
