@@ -33,7 +33,10 @@ the floor of any load into fresh vnpu memory:
 and saving the loaded checkpoint (each shard to a new file; the load is not timed):
 
   save_cpu        safetensors.torch.save_file of CPU tensors
-  save_vnpu       safetensors.torch.save_file of vnpu tensors: downloaded into pinned buffers, written as each lands
+  save_vnpu       safetensors.torch.save_file of vnpu tensors: written straight from device memory
+                  (torch_vnpu.checkpoints)
+  save_vnpu_staged the same through pinned staging buffers (VNPU_FILE_WRITES=0: what a device without file
+                  writes does)
   save_vnpu_copy  the per-tensor path it replaces: safetensors' own save (a blocking copy of each tensor to CPU)
   pt_save_cpu         torch.save of CPU tensors
   pt_save_vnpu        torch.save of vnpu tensors: storages downloaded ahead into pinned buffers
@@ -189,6 +192,8 @@ def _child(how, paths):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if how == "vnpu_staged":
         env["VNPU_FILE_READS"] = "0"
+    if how == "save_vnpu_staged":
+        env["VNPU_FILE_WRITES"] = "0"
     proc = subprocess.run([sys.executable, "-c", _CHILD, how, *paths], capture_output=True, text=True,
                           timeout=1800, env=env)
     if proc.returncode != 0:
@@ -213,7 +218,8 @@ def main(argv=None):
         results = {}
         for cache in ("warm", "cold"):
             rows = {"read": [], "cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": [], "pt_cpu": [], "pt_vnpu": [],
-                    "pt_vnpu_copy": [], "dcp_cpu": [], "dcp_vnpu": [], "dcp_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [], "save_vnpu_copy": [], "pt_save_cpu": [], "pt_save_vnpu": [],
+                    "pt_vnpu_copy": [], "dcp_cpu": [], "dcp_vnpu": [], "dcp_vnpu_copy": [], "touch": [], "save_cpu": [], "save_vnpu": [],
+                    "save_vnpu_staged": [], "save_vnpu_copy": [], "pt_save_cpu": [], "pt_save_vnpu": [],
                     "pt_save_vnpu_copy": []}
             rss = {"cpu": [], "vnpu": [], "vnpu_staged": [], "vnpu_copy": []}
             for _ in range(args.repeats):
@@ -248,6 +254,7 @@ def main(argv=None):
                 "dcp_vnpu_copy_over_cpu": med["dcp_vnpu_copy"] / med["dcp_cpu"],
                 "touch_over_cpu": med["touch"] / med["cpu"],
                 "save_vnpu_over_cpu": med["save_vnpu"] / med["save_cpu"],
+                "save_vnpu_staged_over_cpu": med["save_vnpu_staged"] / med["save_cpu"],
                 "save_vnpu_copy_over_cpu": med["save_vnpu_copy"] / med["save_cpu"],
                 "pt_save_vnpu_over_cpu": med["pt_save_vnpu"] / med["pt_save_cpu"],
                 "pt_save_vnpu_copy_over_cpu": med["pt_save_vnpu_copy"] / med["pt_save_cpu"],
@@ -278,8 +285,8 @@ def main(argv=None):
               f"{r['touch_over_cpu']:.2f}x")
         print(f"dcp.load: vnpu / cpu = {r['dcp_vnpu_over_cpu']:.2f}x, DCP's own reader / cpu = "
               f"{r['dcp_vnpu_copy_over_cpu']:.2f}x")
-        print(f"save: vnpu / cpu = {r['save_vnpu_over_cpu']:.2f}x, per-tensor copy path / cpu = "
-              f"{r['save_vnpu_copy_over_cpu']:.2f}x")
+        print(f"save: vnpu / cpu = {r['save_vnpu_over_cpu']:.2f}x, staged / cpu = "
+              f"{r['save_vnpu_staged_over_cpu']:.2f}x, per-tensor copy path / cpu = {r['save_vnpu_copy_over_cpu']:.2f}x")
         print(f"torch.save: vnpu / cpu = {r['pt_save_vnpu_over_cpu']:.2f}x, per-storage copy path / cpu = "
               f"{r['pt_save_vnpu_copy_over_cpu']:.2f}x")
 

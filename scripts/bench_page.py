@@ -281,8 +281,10 @@ def checkpoint_io(d):
         if "save_vnpu_over_cpu" in r:
             out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}, per-tensor copy / cpu = "
                     f"{ratio(r['save_vnpu_copy_over_cpu'])}.", ""]
-            out += timed("save", (("save_cpu", "from CPU memory"), ("save_vnpu", "from vnpu, streamed"),
-                                  ("save_vnpu_copy", "from vnpu, a copy per tensor (before)")))
+            rows_ = [("save_cpu", "from CPU memory"), ("save_vnpu", "from vnpu, written from device memory")]
+            if "save_vnpu_staged" in r["seconds"]:
+                rows_.append(("save_vnpu_staged", "from vnpu, through pinned staging buffers (`VNPU_FILE_WRITES=0`)"))
+            out += timed("save", (*rows_, ("save_vnpu_copy", "from vnpu, a copy per tensor (before)")))
         if "pt_save_vnpu_over_cpu" in r:
             out += [f"torch.save: vnpu / cpu = {ratio(r['pt_save_vnpu_over_cpu'])}, per-storage copy / cpu = "
                     f"{ratio(r['pt_save_vnpu_copy_over_cpu'])}.", ""]
@@ -356,9 +358,9 @@ BENCHMARKS = [
           "A checkpoint loaded onto vnpu by safetensors, torch.load and torch.distributed.checkpoint (torch_vnpu."
           "checkpoints: the files read straight into device memory, reads in flight) against the same load into CPU "
           "memory and against reading the files, on a warm and a cold page cache; and saved from vnpu by safetensors "
-          "and torch.save (downloads into pinned buffers, written as each lands) against saving it from CPU memory. "
-          "Medians of fresh processes, with the fastest run beside them: the cold reads and the saves vary from run "
-          "to run on this machine.",
+          "(written from device memory) and torch.save (downloads into pinned buffers, written as each lands) "
+          "against saving it from CPU memory. Medians of fresh processes, with the fastest run beside them: the cold "
+          "reads vary from run to run on this machine.",
           "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
     Bench("async_save", "Training during an asynchronous checkpoint",
           "torch.distributed.checkpoint.async_save of an FSDP2 model on vnpu: the training steps that run while "

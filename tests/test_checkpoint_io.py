@@ -287,6 +287,48 @@ def test_save_file_refuses_what_safetensors_refuses(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+_SAVE_IN_A_CHILD = textwrap.dedent("""
+    import torch, safetensors.torch as st
+    from torch_vnpu.checkpoints import safetensors as vio
+    torch.manual_seed(0)
+    side = torch.vnpu.Stream()
+    with torch.vnpu.stream(side):  # produced on another stream, handed over as CUDA code does
+        state = {f"w{i}": torch.randn(300 + 7 * i, 129, device="vnpu").to(dt)
+                 for i, dt in enumerate([torch.float32, torch.bfloat16, torch.float16, torch.int8] * 3)}
+    torch.vnpu.current_stream().wait_stream(side)
+    for v in state.values():
+        v.record_stream(torch.vnpu.current_stream())
+    vio.save_file(state, "out.safetensors", {"k": "v"}, chunk_bytes=CHUNK, slots=2)
+    getattr(st.save_file, "__wrapped__", st.save_file)({k: v.cpu() for k, v in state.items()}, "ref.safetensors",
+                                                       {"k": "v"})
+    print(open("out.safetensors", "rb").read() == open("ref.safetensors", "rb").read())
+""")
+
+
+@pytest.mark.parametrize("env", [{"VNPU_FILE_WRITES": "0"}, {"VNPU_SANITIZE": "1"},
+                                 {"VNPU_SANITIZE": "1", "VNPU_FILE_WRITES": "0"}],
+                         ids=["staged", "sanitizer", "staged-sanitizer"])
+def test_the_staged_path_and_the_sanitizer_save_the_same_bytes(tmp_path, env):
+    """VNPU_FILE_WRITES=0: pinned staging buffers and downloads (what a runtime without file writes does); under
+    the sanitizer (whose host-access check makes the device's writes go through a host buffer) neither path
+    reports a race on tensors handed over from another stream. Small chunks split tensors and batch small ones."""
+    assert _child(_SAVE_IN_A_CHILD.replace("CHUNK", "4096"), tmp_path, **env) == "True"
+
+
+def test_a_save_takes_no_host_memory_beyond_a_tenth_of_the_checkpoint(tmp_path):
+    """The device writes its memory into the file: the process's private (anonymous) memory does not grow with the
+    checkpoint, where a save through CPU copies grows it by the whole checkpoint."""
+    code = ("import torch\nfrom torch_vnpu.checkpoints import safetensors as vio\n"
+            "def anon():\n"
+            "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon'))\n"
+            "state = {f'w{i}': torch.randn(512, 1024, device='vnpu') for i in range(32)}  # 64 MiB\n"
+            "torch.vnpu.synchronize()\n"
+            "before = anon()\n"
+            "vio.save_file(state, 'c.safetensors')\n"
+            "print((anon() - before) / 2**20)\n")
+    assert float(_child(code, tmp_path)) <= 6.4
+
+
 def test_a_failed_save_names_the_file_and_keeps_the_earlier_one(tmp_path):
     """A write that fails midway (here: the file size limit, as a full disk would) raises naming the file and the
     tensor; the checkpoint saved earlier at that path is untouched and no temporary file is left."""

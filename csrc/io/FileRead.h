@@ -3,6 +3,8 @@
 // to load safetensors checkpoints and torch.load's storages onto vnpu.
 #pragma once
 
+#include "ForkedStreams.h"
+
 #include "../core/VNPUStream.h"
 
 #include <cstdint>
@@ -19,19 +21,6 @@ struct ReadOnlyFile {
   ~ReadOnlyFile();
   ReadOnlyFile(const ReadOnlyFile&) = delete;
   ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
-};
-
-// `current` and count - 1 pool streams forked from it (each waits for the work queued on `current` so far), for
-// spreading reads over several streams; join() makes `current` wait for the work queued on the others.
-class ForkedStreams {
- public:
-  ForkedStreams(c10::vnpu::VNPUStream current, int count);
-  const c10::vnpu::VNPUStream& next();  // round robin, starting with `current`
-  void join();
-
- private:
-  std::vector<c10::vnpu::VNPUStream> streams_;
-  size_t next_ = 0;
 };
 
 struct Segment {

@@ -1,4 +1,5 @@
-#include "StagedFileWrite.h"
+#include "FileWrite.h"
+#include "OutFile.h"
 
 #include "../core/VNPUException.h"
 #include "../core/VNPUHostAllocator.h"
@@ -7,16 +8,15 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 
 // Note [Staged file writes]
-// Saving (loading is Note [Checkpoint reads], FileRead.cpp): the device copies into pinned
+// What a device without direct storage access needs (a runtime whose
+// vnpuMemcpyToFileAsync answers vnpuErrorNotSupported, or VNPU_FILE_WRITES=0;
+// the direct path is Note [Checkpoint writes]): the device copies into pinned
 // buffers and the host writes them out. Downloads run ahead of the writes by
 // at most `slots` buffers, so host memory stays bounded by slots x chunk_bytes
 // however large the checkpoint (a copy per tensor would hold each tensor's
@@ -27,45 +27,6 @@
 namespace at::vnpu::io {
 namespace {
 
-// The output file, written under a temporary name and renamed into place by commit().
-class OutFile {
- public:
-  explicit OutFile(std::string path) : path_(std::move(path)) {
-    tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    TORCH_CHECK(fd_ >= 0, "cannot create ", tmp_, " (to save ", path_, "): ", std::strerror(errno));
-  }
-  ~OutFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  void write(const char* p, size_t n, const std::string& what) {
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      TORCH_CHECK(w > 0, "writing ", path_, " (", what, ") failed after ", written_, " bytes: ",
-                  w < 0 ? std::strerror(errno) : "no progress");
-      p += w;
-      n -= static_cast<size_t>(w);
-      written_ += static_cast<uint64_t>(w);
-    }
-  }
-  void commit() {
-    const int fd = fd_;
-    fd_ = -1;
-    TORCH_CHECK(::close(fd) == 0, "writing ", path_, " failed when closing it: ", std::strerror(errno));
-    TORCH_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename ", tmp_, " to ", path_, ": ",
-                std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  uint64_t written_ = 0;
-  bool committed_ = false;
-};
-
 struct Pending {
   c10::DataPtr buf;
   size_t n;
@@ -75,11 +36,11 @@ struct Pending {
 
 }  // namespace
 
-void writeFromDevice(const std::string& path, const std::string& header, const std::vector<Source>& sources,
-                     size_t chunk_bytes, int slots, const std::function<void(uint64_t)>& progress) {
+void writeFromDeviceStaged(const std::string& path, const std::string& header, const std::vector<Source>& sources,
+                           size_t chunk_bytes, int slots, const std::function<void(uint64_t)>& progress) {
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0, "staged write: chunk_bytes and slots must be positive");
   OutFile out(path);
-  out.write(header.data(), header.size(), "the header");
+  out.pwrite(header.data(), header.size(), 0, "the header");
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();
   std::deque<Pending> in_flight;
   uint64_t total = 0, staged = 0, written = 0;
@@ -91,7 +52,7 @@ void writeFromDevice(const std::string& path, const std::string& header, const s
       VNPU_CHECK(vnpuEventDestroy(p.done));
       p.done = nullptr;
     }
-    out.write(static_cast<const char*>(p.buf.get()), p.n, p.what);
+    out.pwrite(static_cast<const char*>(p.buf.get()), p.n, header.size() + written, p.what);
     written += p.n;
     in_flight.pop_front();  // the buffer goes back to the host allocator
     if (progress) progress(written);

@@ -2,7 +2,7 @@
 #include "CheckpointIO.h"
 
 #include "../io/FileRead.h"
-#include "../io/StagedFileWrite.h"
+#include "../io/FileWrite.h"
 
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>

@@ -156,23 +156,25 @@ def _safetensors_order() -> dict[str, int]:
     return _dtype_rank
 
 
-_SAVE_CHUNK_BYTES = 4 << 20  # downloads are fast: a smaller ring costs less pinned memory to set up, not speed
+_SAVE_CHUNK_BYTES = 4 << 20  # a chunk per event: a smaller staging ring costs less pinned memory, not speed
 
 
 def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str] | None = None,
               *, chunk_bytes: int = _SAVE_CHUNK_BYTES, slots: int = _SLOTS) -> None:
     """Save tensors (on vnpu devices, or on the CPU) as ``safetensors.torch.save_file`` does, byte for byte.
 
-    The tensors' bytes are downloaded into ``slots`` pinned buffers of up to ``chunk_bytes`` bytes on their devices'
-    current streams, after the work queued there (what the tensors hold as of the call's position in stream
-    order), and written as each download lands: host memory stays within ``slots x chunk_bytes`` (no CPU copy of
-    each tensor). The file is written under a temporary name next to ``filename`` and renamed over it at the end.
+    The device writes the tensors' memory into the file in chunks of up to ``chunk_bytes`` bytes, ``slots`` chunks
+    in flight, on their devices' current streams after the work queued there (what the tensors hold as of the
+    call's position in stream order; ``cuFileWrite``'s role): no CPU copy of each tensor, no growth of host memory.
+    A device without file writes (``VNPU_FILE_WRITES=0``) downloads the chunks into ``slots`` pinned buffers and
+    writes each as it lands. The file is written under a temporary name next to ``filename`` and renamed over it
+    at the end.
 
     Args:
         tensors: {name: tensor}; contiguous, dense, not sharing memory (as safetensors requires).
         filename: the ``.safetensors`` file to write.
         metadata: text-only metadata for the header (``{str: str}``).
-        chunk_bytes, slots: the staging ring.
+        chunk_bytes, slots: the chunk size in bytes and the chunks in flight.
 
     Raises:
         ValueError: not a dict of tensors, a sparse or non-contiguous tensor (safetensors' messages), a

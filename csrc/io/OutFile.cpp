@@ -1,0 +1,49 @@
+#include "OutFile.h"
+
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace at::vnpu::io {
+
+OutFile::OutFile(std::string path) : path_(std::move(path)) {
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  TORCH_CHECK(fd_ >= 0, "cannot create ", tmp_, " (to save ", path_, "): ", std::strerror(errno));
+}
+
+OutFile::~OutFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void OutFile::pwrite(const char* p, size_t n, uint64_t offset, const std::string& what) {
+  const uint64_t start = offset;
+  while (n > 0) {
+    // At most 2 MiB a call: larger writes were sporadically several times slower (Note [File writes from
+    // device memory] in the runtime).
+    const ssize_t w = ::pwrite(fd_, p, std::min(n, size_t{2} << 20), static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    TORCH_CHECK(w > 0, "writing ", path_, " (", what, ") failed at byte ", offset, " (", offset - start, " of ",
+                offset - start + n, " bytes written): ", w < 0 ? std::strerror(errno) : "no progress");
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+void OutFile::commit() {
+  const int fd = fd_;
+  fd_ = -1;
+  TORCH_CHECK(::close(fd) == 0, "writing ", path_, " failed when closing it: ", std::strerror(errno));
+  TORCH_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename ", tmp_, " to ", path_, ": ",
+              std::strerror(errno));
+  committed_ = true;
+}
+
+}  // namespace at::vnpu::io
