@@ -329,6 +329,21 @@ def test_a_save_takes_no_host_memory_beyond_a_tenth_of_the_checkpoint(tmp_path):
     assert float(_child(code, tmp_path)) <= 6.4
 
 
+def test_saving_while_capturing_raises_the_capture_error_and_keeps_the_earlier_file(tmp_path):
+    """A file written inside a graph capture would be written once, not at each replay: refused, as CUDA refuses a
+    host read in a capture; the earlier file at the path stays, and the device stays usable."""
+    x = torch.arange(1000.0, device="vnpu")
+    path = tmp_path / "x.safetensors"
+    vio.save_file({"x": x}, path)
+    with pytest.raises(torch.AcceleratorError, match="capturing stream"):
+        with torch.vnpu.graph(torch.vnpu.VNPUGraph()):
+            vio.save_file({"y": x * 2}, path)
+    torch.vnpu.synchronize()
+    assert torch.equal(st.load_file(str(path))["x"], torch.arange(1000.0))
+    assert os.listdir(tmp_path) == ["x.safetensors"]
+    assert torch.equal((x * 2).cpu(), torch.arange(1000.0) * 2)
+
+
 def test_a_failed_save_names_the_file_and_keeps_the_earlier_one(tmp_path):
     """A write that fails midway (here: the file size limit, as a full disk would) raises naming the file and the
     tensor; the checkpoint saved earlier at that path is untouched and no temporary file is left."""

@@ -227,6 +227,35 @@ std::shared_ptr<int> own_descriptor(int fd) {
     delete f;
   });
 }
+
+// What both file copies check and set up before queueing: the arguments, the stream, a capture's refusal, the
+// task's own descriptor and the sanitizer's record of the device access. *s stays null for a zero-byte copy
+// (nothing to queue; *result is 0).
+vnpuError_t begin_file_copy(const char* name, const void* device_ptr, int write, size_t count, int fd,
+                            const std::shared_ptr<int64_t>& result, vnpuStream_t stream, const char* on_capture,
+                            vnpuStream_st** s, std::shared_ptr<int>* file) {
+  *s = nullptr;
+  if (result == nullptr || device_ptr == nullptr || fd < 0) return vnpuErrorInvalidValue;
+  *result = count == 0 ? 0 : -1;
+  if (count == 0) return vnpuSuccess;
+  const int device = device_of(device_ptr);
+  if (device < 0 || device_of(static_cast<const char*>(device_ptr) + count - 1) != device) {
+    return vnpuErrorInvalidValue;
+  }
+  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
+  vnpuStream_st* st = resolve(stream);
+  if (st == nullptr) return vnpuErrorInvalidResourceHandle;
+  if (auto c = capture_of(st)) return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported, on_capture);
+  *file = own_descriptor(fd);
+  if (*file == nullptr) return vnpuErrorInvalidValue;
+  if (san::on()) {
+    const vnpuMemAccess acc{device_ptr, count, write};
+    if (vnpuError_t e = san::report_host_access(st, name); e != vnpuSuccess) return e;
+    if (vnpuError_t e = san::begin_task(st, name, &acc, 1); e != vnpuSuccess) return e;
+  }
+  *s = st;
+  return vnpuSuccess;
+}
 }  // namespace
 
 // Note [File reads into device memory]
@@ -239,29 +268,14 @@ std::shared_ptr<int> own_descriptor(int fd) {
 // takes the faults.
 vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t count,
                                     std::shared_ptr<int64_t> bytes_read, vnpuStream_t stream) {
-  if (bytes_read == nullptr || dst == nullptr || fd < 0) return vnpuErrorInvalidValue;
-  *bytes_read = -1;
-  if (count == 0) {
-    *bytes_read = 0;
-    return vnpuSuccess;
-  }
-  if (device_of(dst) < 0 || device_of(static_cast<char*>(dst) + count - 1) != device_of(dst)) {
-    return vnpuErrorInvalidValue;
-  }
-  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
-  vnpuStream_st* s = resolve(stream);
-  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  if (auto c = capture_of(s)) {
-    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
-                             "vnpuMemcpyFromFileAsync into the capturing stream (a file is read once, not at each "
-                             "replay): load the data before the capture begins");
-  }
-  std::shared_ptr<int> file = own_descriptor(fd);
-  if (file == nullptr) return vnpuErrorInvalidValue;
-  if (san::on()) {
-    const vnpuMemAccess acc{dst, count, 1};
-    if (vnpuError_t e = san::report_host_access(s, "memcpy FtoD"); e != vnpuSuccess) return e;
-    if (vnpuError_t e = san::begin_task(s, "memcpy FtoD", &acc, 1); e != vnpuSuccess) return e;
+  vnpuStream_st* s = nullptr;
+  std::shared_ptr<int> file;
+  if (vnpuError_t e = begin_file_copy("memcpy FtoD", dst, 1, count, fd, bytes_read, stream,
+                                      "vnpuMemcpyFromFileAsync into the capturing stream (a file is read once, not "
+                                      "at each replay): load the data before the capture begins",
+                                      &s, &file);
+      e != vnpuSuccess || s == nullptr) {
+    return e;
   }
   TaskInfo info{vnpuActivityKindMemcpy, count, vnpuMemcpyHostToDevice};
   if (recording()) info.dst_device = device_of(dst);
@@ -300,29 +314,14 @@ constexpr size_t kFileWriteBytes = size_t{2} << 20;
 
 vnpuError_t vnpuMemcpyToFileAsync(int fd, uint64_t offset, const void* src, size_t count,
                                   std::shared_ptr<int64_t> bytes_written, vnpuStream_t stream) {
-  if (bytes_written == nullptr || src == nullptr || fd < 0) return vnpuErrorInvalidValue;
-  *bytes_written = -1;
-  if (count == 0) {
-    *bytes_written = 0;
-    return vnpuSuccess;
-  }
-  if (device_of(src) < 0 || device_of(static_cast<const char*>(src) + count - 1) != device_of(src)) {
-    return vnpuErrorInvalidValue;
-  }
-  if (vnpuError_t e = initialize(); e != vnpuSuccess) return e;
-  vnpuStream_st* s = resolve(stream);
-  if (s == nullptr) return vnpuErrorInvalidResourceHandle;
-  if (auto c = capture_of(s)) {
-    return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported,
-                             "vnpuMemcpyToFileAsync on the capturing stream (a file is written once, not at each "
-                             "replay): save after the capture ends");
-  }
-  std::shared_ptr<int> file = own_descriptor(fd);
-  if (file == nullptr) return vnpuErrorInvalidValue;
-  if (san::on()) {
-    const vnpuMemAccess acc{src, count, 0};
-    if (vnpuError_t e = san::report_host_access(s, "memcpy DtoF"); e != vnpuSuccess) return e;
-    if (vnpuError_t e = san::begin_task(s, "memcpy DtoF", &acc, 1); e != vnpuSuccess) return e;
+  vnpuStream_st* s = nullptr;
+  std::shared_ptr<int> file;
+  if (vnpuError_t e = begin_file_copy("memcpy DtoF", src, 0, count, fd, bytes_written, stream,
+                                      "vnpuMemcpyToFileAsync on the capturing stream (a file is written once, not "
+                                      "at each replay): save after the capture ends",
+                                      &s, &file);
+      e != vnpuSuccess || s == nullptr) {
+    return e;
   }
   TaskInfo info{vnpuActivityKindMemcpy, count, vnpuMemcpyDeviceToHost};
   if (recording()) info.src_device = device_of(src);
