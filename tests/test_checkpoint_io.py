@@ -519,6 +519,47 @@ def test_from_pretrained_onto_vnpu_reads_the_weights_into_the_device(tmp_path, m
         assert torch.equal(state[k].cpu(), v if dtype is None else v.to(dtype)), k
 
 
+def _llama_checkpoint(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100)
+    LlamaForCausalLM(cfg).save_pretrained(path, max_shard_size="40KB")
+    return LlamaForCausalLM.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("device_map,max_memory,placed", [
+    ("auto", None, {0, 1}),                      # as with two GPUs: balanced over both
+    ("sequential", None, {0}),                   # fills device 0 first
+    ("auto", {0: "300KB", "cpu": "1GB"}, {0, "cpu"}),  # device 0 full: the rest offloaded to the CPU
+    ("balanced", {0: "2MB", 1: "2MB"}, {0, 1}),
+])
+def test_from_pretrained_with_an_automatic_device_map_places_weights_on_vnpu(tmp_path, monkeypatch, device_map,
+                                                                            max_memory, placed):
+    """device_map="auto" / "balanced" / "sequential" measures the vnpu devices as accelerate measures CUDA's (it
+    knew only listed devices and put every weight on the CPU): weights land on vnpu devices by index (read from
+    the files into device memory), and are offloaded to the CPU when max_memory says so (accelerate's CPU
+    offload, run on vnpu:0 as on cuda:0); the model's logits equal the CPU model's."""
+    from transformers import LlamaForCausalLM
+
+    ref = _llama_checkpoint(tmp_path)
+    assert torch.vnpu.device_count() >= 2
+    calls = _count_reads(monkeypatch)
+    model = LlamaForCausalLM.from_pretrained(tmp_path, device_map=device_map, max_memory=max_memory).eval()
+    # (transformers sets hf_device_map only when the map has more than one entry)
+    device_map_ = getattr(model, "hf_device_map", {"": next(model.parameters()).device.index})
+    assert set(device_map_.values()) == placed, device_map_
+    assert {str(p.device) for p in model.parameters()} - {"meta"} == {f"vnpu:{i}" for i in placed if i != "cpu"}
+    on_vnpu = [n for n, p in model.named_parameters() if p.device.type == "vnpu"]
+    assert len(calls) == len(on_vnpu)
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = model(ids.to(model.device)).logits.cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_safe_open_get_tensor_onto_vnpu_reads_into_the_device(checkpoint, monkeypatch):
     calls = _count_reads(monkeypatch)
     ref = st.load_file(checkpoint, device="cpu")

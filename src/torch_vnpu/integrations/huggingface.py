@@ -60,6 +60,7 @@ def _accelerator() -> torch.device | None:
 _PATCH_IDS = {
     "_patch_accelerate": "huggingface.accelerate",
     "_patch_accelerate_multiprocess": "huggingface.accelerate",
+    "_patch_accelerate_max_memory": "huggingface.accelerate",
     "_patch_transformers": "huggingface.transformers",
     "_patch_transformers_generation": "huggingface.transformers",
     "_patch_transformers_loading": "huggingface.transformers",
@@ -131,7 +132,56 @@ def _patch_accelerate(device_type: str) -> None:
     for module in (accelerate.utils.modeling, accelerate.utils, accelerate.accelerator):
         _set(module, "get_grad_scaler", get_grad_scaler, f"3, GradScaler({device_type!r})")
 
+    _patch_accelerate_max_memory(device_type)
     _patch_accelerate_multiprocess(device_type)
+
+
+def _patch_accelerate_max_memory(device_type: str) -> None:
+    import accelerate.utils
+    import accelerate.utils.modeling
+
+    # 15. Big-model dispatch (from_pretrained / dispatch with device_map="auto", "balanced", "sequential"):
+    #    get_max_memory measures the devices of its list (cuda, npu, xpu, ...) only, so every weight went to the
+    #    CPU. When none of them is there, the accelerator's devices are measured instead, by index as CUDA's are
+    #    (an int device is torch.device(i), the accelerator's device i): free memory plus what torch's caching
+    #    allocator holds unused, as transformers adds for CUDA. A user's max_memory with device indices is
+    #    checked against the accelerator's device count instead of CUDA's.
+    orig = accelerate.utils.modeling.get_max_memory
+    module = torch.get_device_module(device_type)
+
+    def accelerate_has_a_device() -> bool:  # a device of get_max_memory's own list: accelerate's business
+        checks = ("is_npu_available", "is_mlu_available", "is_sdaa_available", "is_musa_available",
+                  "is_xpu_available", "is_hpu_available")
+        return torch.cuda.device_count() > 0 or any(getattr(accelerate.utils, c, lambda: False)() for c in checks)
+
+    @functools.wraps(orig)
+    def get_max_memory(max_memory=None):
+        # (after disable(), a module that imported this function keeps it: it then defers to accelerate's own)
+        if _mode == "off" or accelerate_has_a_device() or module.device_count() == 0:
+            return orig(max_memory)
+        if max_memory is None:
+            mine = {}
+            for i in range(module.device_count()):
+                free, _ = module.mem_get_info(i)
+                mine[i] = free + module.memory_reserved(i) - module.memory_allocated(i)
+            return {**mine, **orig(None)}
+        for key, value in max_memory.items():  # in place, as accelerate does (transformers reads the dict after)
+            if isinstance(value, str):
+                max_memory[key] = accelerate.utils.convert_file_size_to_int(value)
+        rest = orig({k: v for k, v in max_memory.items() if not isinstance(k, int)})
+        count = module.device_count()
+        indices = sorted(k for k in max_memory if isinstance(k, int))
+        for i in indices:
+            if not 0 <= i < count:
+                accelerate.utils.modeling.logger.warning(
+                    f"Device {i} is not available, available devices are {list(range(count))}")
+        return {**{i: max_memory[i] for i in indices}, **rest}
+
+    for owner in (accelerate.utils.modeling, accelerate.utils):
+        _set(owner, "get_max_memory", get_max_memory, f"15, {device_type} devices in big-model dispatch")
+    tia = sys.modules.get("transformers.integrations.accelerate")
+    if tia is not None and getattr(tia, "accelerate_max_memory", None) is orig:  # imported before: its own name
+        _set(tia, "accelerate_max_memory", get_max_memory, f"15, {device_type} devices in big-model dispatch")
 
 
 def _patch_accelerate_multiprocess(device_type: str) -> None:

@@ -250,9 +250,11 @@ PATCHES: tuple[Patch, ...] = (
     # ---- third-party libraries (torch_vnpu.integrations) ----
     Patch("huggingface.accelerate", "accelerate", "1.15.0", "integration", "torch_vnpu.integrations.huggingface",
           ("accelerate.state.PartialState.default_device", "accelerate.state.PartialState._prepare_backend",
-           "accelerate.state.PartialState.set_device", "accelerate's fp16 device list, get_grad_scaler"),
+           "accelerate.state.PartialState.set_device", "accelerate's fp16 device list, get_grad_scaler",
+           "accelerate.utils.modeling.get_max_memory"),
           "accelerate picks its device and collectives backend from a list of device types and falls back to the "
-          "CPU, training every rank alone on CPU.",
+          "CPU, training every rank alone on CPU; big-model dispatch (device_map=\"auto\") measured listed devices "
+          "only and put every weight on the CPU.",
           "Ask torch.accelerator where the lists end (the direction accelerate is taking)."),
     Patch("huggingface.transformers", "transformers", "5.17.0", "integration",
           "torch_vnpu.integrations.huggingface",
