@@ -279,7 +279,9 @@ def checkpoint_io(d):
                                       ("dcp_vnpu", "into vnpu tensors, read into the device"),
                                       ("dcp_vnpu_copy", "into vnpu tensors, DCP's own reader (host copy per record)")))
         if "save_vnpu_over_cpu" in r:
-            out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}, per-tensor copy / cpu = "
+            staged = (f", staged (`VNPU_FILE_WRITES=0`) / cpu = {ratio(r['save_vnpu_staged_over_cpu'])}"
+                      if "save_vnpu_staged_over_cpu" in r else "")
+            out += [f"Saving: vnpu / cpu = {ratio(r['save_vnpu_over_cpu'])}{staged}, per-tensor copy / cpu = "
                     f"{ratio(r['save_vnpu_copy_over_cpu'])}.", ""]
             rows_ = [("save_cpu", "from CPU memory"), ("save_vnpu", "from vnpu, written from device memory")]
             if "save_vnpu_staged" in r["seconds"]:
@@ -360,7 +362,7 @@ BENCHMARKS = [
           "memory and against reading the files, on a warm and a cold page cache; and saved from vnpu by safetensors "
           "(written from device memory) and torch.save (downloads into pinned buffers, written as each lands) "
           "against saving it from CPU memory. Medians of fresh processes, with the fastest run beside them: the cold "
-          "reads vary from run to run on this machine.",
+          "reads, and the large writes of the CPU and staged saves, vary from run to run on this machine.",
           "python benchmarks/checkpoint_io.py", "make bench", checkpoint_io),
     Bench("async_save", "Training during an asynchronous checkpoint",
           "torch.distributed.checkpoint.async_save of an FSDP2 model on vnpu: the training steps that run while "
