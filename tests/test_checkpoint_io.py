@@ -241,6 +241,53 @@ def test_save_file_writes_the_bytes_safetensors_writes(tmp_path, chunk_bytes, sl
     assert sorted(os.listdir(tmp_path)) == ["out.safetensors", "ref.safetensors"]  # no temporary file left
 
 
+def test_conjugate_and_negative_views_are_saved_with_their_values(tmp_path):
+    """A conjugate or negative view's memory holds the values without the bit: the file gets the values (what
+    .cpu() gives), on vnpu and for a CPU view saved beside vnpu tensors (safetensors' own CPU save writes the raw
+    memory there, which is wrong)."""
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    f = torch.tensor([1.0, -3.0])
+    state = {"z": z.to("vnpu").conj(), "f": torch._neg_view(f.to("vnpu")), "zc": z.conj(), "fc": torch._neg_view(f),
+             "plain": torch.arange(3.0, device="vnpu")}
+    assert all(v.is_contiguous() for v in state.values())
+    vio.save_file(state, tmp_path / "out.safetensors")
+    back = st.load_file(str(tmp_path / "out.safetensors"))
+    for k, v in state.items():
+        assert torch.equal(back[k], v.resolve_conj().resolve_neg().cpu()), k
+    _safetensors_own_save({k: v.resolve_conj().resolve_neg() for k, v in state.items()}, tmp_path / "ref.safetensors")
+    assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    assert state["z"].is_conj() and state["f"].is_neg()  # the caller's tensors are left as they were
+
+
+def test_saves_to_one_path_from_two_threads_each_write_a_whole_file(tmp_path):
+    """Each save writes its own temporary file and renames it: the file at the path is one of the two checkpoints
+    whole (the last rename), never a mix, and no temporary file is left."""
+    import threading
+
+    path = tmp_path / "latest.safetensors"
+    a = {"w": torch.full((1 << 21,), 1.0, device="vnpu:0")}
+    b = {"w": torch.full((1 << 19,), 2.0, device="vnpu:1"), "b": torch.ones(3, device="vnpu:1")}
+    for trial in range(4):
+        errors = []
+
+        def run(d):
+            try:
+                vio.save_file(d, path, chunk_bytes=1 << 16)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(d,)) for d in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        back = st.load_file(str(path))
+        assert any(back.keys() == d.keys() and all(torch.equal(back[k], v.cpu()) for k, v in d.items())
+                   for d in (a, b)), trial
+        assert os.listdir(tmp_path) == ["latest.safetensors"]
+
+
 def test_safetensors_save_file_and_save_model_of_vnpu_tensors_use_the_streamed_writer(tmp_path, monkeypatch):
     calls = []
     real = vio.save_file

@@ -6,15 +6,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <random>
 #include <cerrno>
 #include <cstring>
 
 namespace at::vnpu::io {
 
 OutFile::OutFile(std::string path) : path_(std::move(path)) {
-  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  TORCH_CHECK(fd_ >= 0, "cannot create ", tmp_, " (to save ", path_, "): ", std::strerror(errno));
+  // A name of its own for each save (O_EXCL), so that saves to one path from several threads or processes each
+  // write a whole file and the last rename wins; the mode is 0666 less the umask, as for any new file.
+  static std::atomic<uint64_t> serial{0};
+  std::random_device random;
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial.fetch_add(1)) + "." +
+           std::to_string(random() & 0xffffff);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    TORCH_CHECK(fd_ >= 0 || (errno == EEXIST && attempt < 100), "cannot create ", tmp_, " (to save ", path_, "): ",
+                std::strerror(errno));
+  }
 }
 
 OutFile::~OutFile() {

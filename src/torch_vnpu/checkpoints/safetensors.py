@@ -195,6 +195,9 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
                              "`.contiguous()` on it first (safetensors' rule).")
         if t.device.type not in ("cpu", "vnpu"):
             raise ValueError(f"tensor `{name}` is on {t.device}; this writer saves vnpu and CPU tensors")
+    # A conjugate or negative view holds its values only with the bit applied: the file gets the values (what
+    # .cpu() gives), computed on the tensor's device; its memory is another tensor's.
+    tensors = {k: t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t for k, t in tensors.items()}
     codes = {dt: code for code, dt in _TYPES.items()}
     rank = _safetensors_order()
     order = sorted(tensors, key=lambda k: (rank[codes[tensors[k].dtype]], k))
