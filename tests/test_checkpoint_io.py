@@ -288,6 +288,20 @@ def test_saves_to_one_path_from_two_threads_each_write_a_whole_file(tmp_path):
         assert os.listdir(tmp_path) == ["latest.safetensors"]
 
 
+def test_the_file_is_made_as_safetensors_makes_it(tmp_path):
+    """A name of 250 characters saves (the temporary name keeps within NAME_MAX), and the file's mode is the one
+    safetensors' own save gives (0600), also over an existing file."""
+    name = "m" * 238 + ".safetensors"
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / name).write_bytes(b"earlier")
+    (tmp_path / name).write_bytes(b"earlier")
+    os.chmod(tmp_path / name, 0o644)
+    vio.save_file({"w": torch.ones(4, device="vnpu")}, tmp_path / name)
+    _safetensors_own_save({"w": torch.ones(4)}, tmp_path / "own" / name)
+    assert (tmp_path / name).read_bytes() == (tmp_path / "own" / name).read_bytes()
+    assert os.stat(tmp_path / name).st_mode & 0o777 == os.stat(tmp_path / "own" / name).st_mode & 0o777 == 0o600
+
+
 def test_safetensors_save_file_and_save_model_of_vnpu_tensors_use_the_streamed_writer(tmp_path, monkeypatch):
     calls = []
     real = vio.save_file
@@ -327,8 +341,10 @@ def test_save_file_refuses_what_safetensors_refuses(tmp_path):
         vio.save_file({"t": x.t()}, tmp_path / "a.safetensors")
     with pytest.raises(RuntimeError, match="share memory"):
         vio.save_file({"a": x, "b": x[0]}, tmp_path / "a.safetensors")
-    with pytest.raises(ValueError, match="metadata"):
+    with pytest.raises(TypeError, match="'metadata': 'int' object is not an instance of 'str'"):
         vio.save_file({"a": x}, tmp_path / "a.safetensors", {"n": 1})
+    with pytest.raises(TypeError, match="'tensor_dict': 'int' object is not an instance of 'str'"):
+        vio.save_file({1: x}, tmp_path / "a.safetensors")
     with pytest.raises(ValueError, match="positive"):
         vio.save_file({"a": x}, tmp_path / "a.safetensors", chunk_bytes=0)
     assert os.listdir(tmp_path) == []
@@ -605,6 +621,29 @@ def test_from_pretrained_with_an_automatic_device_map_places_weights_on_vnpu(tmp
         want = ref(ids).logits
         got = model(ids.to(model.device)).logits.cpu()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_device_map_auto_spills_to_the_cpu_when_the_devices_are_full(tmp_path):
+    """Small devices (VNPU_MEMORY_PER_DEVICE=64M, a 124 MB model): "auto" fills both vnpu devices and offloads the
+    rest to the CPU instead of raising OutOfMemoryError (the caching allocator rounds a request up to a 20 MiB
+    segment, so a device filled to the byte could not load its share); the logits equal the CPU model's."""
+    code = textwrap.dedent("""
+        import collections, warnings, torch
+        warnings.simplefilter("ignore")
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=2)
+        ref = LlamaForCausalLM(cfg).eval()
+        ref.save_pretrained("ck")
+        model = LlamaForCausalLM.from_pretrained("ck", device_map="auto").eval()
+        placed = collections.Counter(str(p.device) for p in model.parameters())
+        ids = torch.randint(0, 8000, (1, 8), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            same = torch.allclose(model(ids.to("vnpu:0")).logits.cpu(), ref(ids).logits, rtol=1e-5, atol=1e-5)
+        print(sorted(placed), same)
+    """)
+    assert _child(code, tmp_path, VNPU_MEMORY_PER_DEVICE="64M") == "['meta', 'vnpu:0', 'vnpu:1'] True"
 
 
 def test_safe_open_get_tensor_onto_vnpu_reads_into_the_device(checkpoint, monkeypatch):

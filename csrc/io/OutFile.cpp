@@ -15,13 +15,17 @@ namespace at::vnpu::io {
 
 OutFile::OutFile(std::string path) : path_(std::move(path)) {
   // A name of its own for each save (O_EXCL), so that saves to one path from several threads or processes each
-  // write a whole file and the last rename wins; the mode is 0666 less the umask, as for any new file.
+  // write a whole file and the last rename wins. The name keeps to NAME_MAX however long the file's name is.
+  // Mode 0600, as safetensors' own save leaves the file.
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path_.substr(0, slash + 1);
+  const std::string base = path_.substr(dir.size()).substr(0, 160);
   static std::atomic<uint64_t> serial{0};
   std::random_device random;
   for (int attempt = 0; fd_ < 0; ++attempt) {
-    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial.fetch_add(1)) + "." +
+    tmp_ = dir + "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial.fetch_add(1)) + "." +
            std::to_string(random() & 0xffffff);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     TORCH_CHECK(fd_ >= 0 || (errno == EEXIST && attempt < 100), "cannot create ", tmp_, " (to save ", path_, "): ",
                 std::strerror(errno));
   }

@@ -177,8 +177,9 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
         chunk_bytes, slots: the chunk size in bytes and the chunks in flight.
 
     Raises:
-        ValueError: not a dict of tensors, a sparse or non-contiguous tensor (safetensors' messages), a
-            non-string metadata entry, or ``chunk_bytes`` / ``slots`` not positive.
+        ValueError: not a dict of tensors, a sparse or non-contiguous tensor (safetensors' messages), or
+            ``chunk_bytes`` / ``slots`` not positive.
+        TypeError: a name, or a metadata key or value, that is not a ``str`` (safetensors' message).
         RuntimeError: tensors sharing memory (safetensors' message), or an I/O error naming the file and the
             tensor; an earlier file at ``filename`` is then left as it was.
     """
@@ -187,8 +188,12 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
     if not (isinstance(chunk_bytes, int) and isinstance(slots, int) and chunk_bytes > 0 and slots > 0):
         raise ValueError(f"chunk_bytes and slots must be positive integers, got {chunk_bytes!r} and {slots!r}")
     _evaluate_tensors_for_save(tensors)
-    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise ValueError(f"metadata must be a dict of str to str, got {metadata!r}")
+    # safetensors' own TypeErrors (its Rust binding's argument checks), for the same inputs
+    for argument, mapping, values_too in (("tensor_dict", tensors, False), ("metadata", metadata or {}, True)):
+        for k, v in mapping.items():
+            bad = k if not isinstance(k, str) else v if values_too and not isinstance(v, str) else None
+            if bad is not None:
+                raise TypeError(f"argument '{argument}': '{type(bad).__name__}' object is not an instance of 'str'")
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise ValueError(f"You are trying to save a non contiguous tensor: `{name}` which is not allowed; call "

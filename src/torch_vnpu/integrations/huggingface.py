@@ -136,6 +136,9 @@ def _patch_accelerate(device_type: str) -> None:
     _patch_accelerate_multiprocess(device_type)
 
 
+_ALLOCATOR_SLACK = 20 << 20
+
+
 def _patch_accelerate_max_memory(device_type: str) -> None:
     import accelerate.utils
     import accelerate.utils.modeling
@@ -144,7 +147,7 @@ def _patch_accelerate_max_memory(device_type: str) -> None:
     #    get_max_memory measures the devices of its list (cuda, npu, xpu, ...) only, so every weight went to the
     #    CPU. When none of them is there, the accelerator's devices are measured instead, by index as CUDA's are
     #    (an int device is torch.device(i), the accelerator's device i): free memory plus what torch's caching
-    #    allocator holds unused, as transformers adds for CUDA. A user's max_memory with device indices is
+    #    allocator holds unused, as transformers adds for CUDA, less 20 MiB. A user's max_memory with indices is
     #    checked against the accelerator's device count instead of CUDA's.
     orig = accelerate.utils.modeling.get_max_memory
     module = torch.get_device_module(device_type)
@@ -163,7 +166,10 @@ def _patch_accelerate_max_memory(device_type: str) -> None:
             mine = {}
             for i in range(module.device_count()):
                 free, _ = module.mem_get_info(i)
-                mine[i] = free + module.memory_reserved(i) - module.memory_allocated(i)
+                usable = free + module.memory_reserved(i) - module.memory_allocated(i)
+                # Less one 20 MiB segment, the most the caching allocator (CUDA's rules) rounds a request up to:
+                # a map filled to the byte would raise OutOfMemoryError instead of spilling to the CPU.
+                mine[i] = max(0, usable - _ALLOCATOR_SLACK)
             return {**mine, **orig(None)}
         for key, value in max_memory.items():  # in place, as accelerate does (transformers reads the dict after)
             if isinstance(value, str):
