@@ -160,11 +160,11 @@ def test_records_with_compressed_or_foreign_byte_order_entries_are_not_read_as_r
     import io
     import zipfile
 
-    from torch_vnpu.checkpoints import dcp as vdcp
+    from torch_vnpu.checkpoints._archive import raw_bytes
 
     raw = io.BytesIO()
     torch.save(torch.arange(1000.0), raw)
-    assert vdcp._raw_bytes(io.BytesIO(raw.getvalue()))
+    assert raw_bytes(io.BytesIO(raw.getvalue()))
 
     def rewritten(compress, order=None):
         out = io.BytesIO()
@@ -176,10 +176,10 @@ def test_records_with_compressed_or_foreign_byte_order_entries_are_not_read_as_r
                 dst.writestr(i.filename, data, compress_type=compress if "/data/" in i.filename else zipfile.ZIP_STORED)
         return io.BytesIO(out.getvalue())
 
-    assert vdcp._raw_bytes(rewritten(zipfile.ZIP_STORED))
-    assert not vdcp._raw_bytes(rewritten(zipfile.ZIP_DEFLATED))
+    assert raw_bytes(rewritten(zipfile.ZIP_STORED))
+    assert not raw_bytes(rewritten(zipfile.ZIP_DEFLATED))
     other = b"big" if sys.byteorder == "little" else b"little"
-    assert not vdcp._raw_bytes(rewritten(zipfile.ZIP_STORED, other))
+    assert not raw_bytes(rewritten(zipfile.ZIP_STORED, other))
 
 
 def _save_from_another_device(path):

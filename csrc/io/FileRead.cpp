@@ -27,8 +27,8 @@
 
 namespace at::vnpu::io {
 
-ReadOnlyFile::ReadOnlyFile(const std::string& path) {
-  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+ReadOnlyFile::ReadOnlyFile(const std::string& path, int open_fd) {
+  fd = open_fd >= 0 ? ::fcntl(open_fd, F_DUPFD_CLOEXEC, 0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     TORCH_CHECK(false, "cannot open ", path, ": ", std::strerror(errno));
   }
@@ -65,14 +65,14 @@ bool deviceFileReads() {
 
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                     c10::vnpu::VNPUStream current, int upload_streams,
-                    const std::function<void(uint64_t)>& progress) {
+                    const std::function<void(uint64_t)>& progress, int fd) {
   if (!deviceFileReads()) {
-    readIntoDeviceStaged(path, std::move(segments), chunk_bytes, slots, current, upload_streams, progress);
+    readIntoDeviceStaged(path, std::move(segments), chunk_bytes, slots, current, upload_streams, progress, fd);
     return;
   }
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "checkpoint read: chunk_bytes, slots and upload_streams must be positive");
-  ReadOnlyFile file(path);
+  ReadOnlyFile file(path, fd);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   // Reads alternate between the current stream and pool streams forked from it and joined back at the end, so

@@ -15,9 +15,11 @@
 namespace at::vnpu::io {
 
 // A file open for reading (sequential access advised); raises c10::Error naming it if it cannot be opened.
+// With `open_fd` >= 0 it is a duplicate of that descriptor instead (`path` then only names it in messages): the
+// caller read the header through it, so the data comes from the same file even if `path` is replaced meanwhile.
 struct ReadOnlyFile {
   int fd = -1;
-  explicit ReadOnlyFile(const std::string& path);
+  explicit ReadOnlyFile(const std::string& path, int open_fd = -1);
   ~ReadOnlyFile();
   ReadOnlyFile(const ReadOnlyFile&) = delete;
   ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
@@ -40,16 +42,16 @@ struct Segment {
 // (stream-ordered). `progress`, if set, is called with the bytes read so far after
 // each chunk (an exception it throws, such as Python's KeyboardInterrupt, ends the read).
 // Without the device's file reads (the runtime answers vnpuErrorNotSupported, or VNPU_FILE_READS=0) it uses
-// readIntoDeviceStaged.
+// readIntoDeviceStaged. `fd` >= 0: read from that open file (ReadOnlyFile), `path` naming it in messages.
 void readIntoDevice(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                     c10::vnpu::VNPUStream stream, int upload_streams = 2,
-                    const std::function<void(uint64_t)>& progress = {});
+                    const std::function<void(uint64_t)>& progress = {}, int fd = -1);
 
 // The same through pinned staging buffers (Note [Staged file reads], StagedFileRead.cpp): `slots` host buffers
 // of up to `chunk_bytes` bytes are read into (pread) and uploaded as each fills; returns when the last upload
 // is queued (not run). Same errors.
 void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                           c10::vnpu::VNPUStream stream, int upload_streams = 2,
-                          const std::function<void(uint64_t)>& progress = {});
+                          const std::function<void(uint64_t)>& progress = {}, int fd = -1);
 
 }  // namespace at::vnpu::io

@@ -56,10 +56,10 @@ void readFully(const ReadOnlyFile& f, const std::string& path, const Segment& fi
 
 void readIntoDeviceStaged(const std::string& path, std::vector<Segment> segments, size_t chunk_bytes, int slots,
                           c10::vnpu::VNPUStream current, int upload_streams,
-                          const std::function<void(uint64_t)>& progress) {
+                          const std::function<void(uint64_t)>& progress, int fd) {
   TORCH_CHECK_VALUE(chunk_bytes > 0 && slots > 0 && upload_streams > 0,
                     "staged read: chunk_bytes, slots and upload_streams must be positive");
-  ReadOnlyFile file(path);
+  ReadOnlyFile file(path, fd);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
   at::HostAllocator* host = at::vnpu::getVNPUHostAllocator();

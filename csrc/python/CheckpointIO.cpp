@@ -29,10 +29,11 @@ std::function<void(uint64_t)> progressOf(const py::object& fn) {
 
 void bind_checkpoint_io(py::module& m) {
   // segments: (file offset, bytes, destination device pointer, tensor name), uploaded on the current stream
-  // of the current device. The GIL is released while reading.
+  // of the current device; fd >= 0: read from that open file, `path` only naming it. The GIL is released while
+  // reading.
   m.def("_read_into_device",
         [](const std::string& path, const std::vector<std::tuple<uint64_t, uint64_t, uintptr_t, std::string>>& segs,
-           size_t chunk_bytes, int slots, int upload_streams, const py::object& progress) {
+           size_t chunk_bytes, int slots, int upload_streams, const py::object& progress, int fd) {
           std::vector<at::vnpu::io::Segment> segments;
           segments.reserve(segs.size());
           for (const auto& [offset, nbytes, dst, name] : segs) {
@@ -41,10 +42,11 @@ void bind_checkpoint_io(py::module& m) {
           auto stream = c10::vnpu::getCurrentVNPUStream();
           const auto report = progressOf(progress);  // destroyed after the GIL is back
           py::gil_scoped_release no_gil;
-          at::vnpu::io::readIntoDevice(path, std::move(segments), chunk_bytes, slots, stream, upload_streams, report);
+          at::vnpu::io::readIntoDevice(path, std::move(segments), chunk_bytes, slots, stream, upload_streams, report,
+                                      fd);
         },
         py::arg("path"), py::arg("segments"), py::arg("chunk_bytes"), py::arg("slots"), py::arg("upload_streams") = 2,
-        py::arg("progress") = py::none());
+        py::arg("progress") = py::none(), py::arg("fd") = -1);
   // sources: (pointer, bytes, vnpu device index or -1 for host memory, tensor name), written after `header`;
   // downloads run on each device's current stream. The GIL is released while writing.
   m.def("_write_from_device",

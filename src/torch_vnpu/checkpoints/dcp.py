@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import sys
 from typing import Any, Callable
 
 import torch
+
+from ._archive import raw_bytes
 
 __all__ = ["read_data"]
 
@@ -58,24 +59,6 @@ class _Range(io.RawIOBase):
         buffer[: len(data)] = data
         self.pos += len(data)
         return len(data)
-
-
-def _raw_bytes(record: Any) -> bool:
-    """Whether a ``torch.save`` archive holds its tensor bytes as they are: entries stored, not compressed, and
-    in this host's byte order (what torch.load checks before it byteswaps)."""
-    import zipfile
-
-    with zipfile.ZipFile(record) as archive:
-        infos = archive.infolist()
-        if any(i.compress_type != zipfile.ZIP_STORED for i in infos if "/data/" in i.filename):
-            return False
-        orders = [i for i in infos if i.filename.endswith("/byteorder")]
-        if orders:
-            order = archive.read(orders[0]).decode()
-        else:
-            default = torch.serialization.get_default_load_endianness()
-            order = sys.byteorder if default is None else ("little" if default.name == "LITTLE" else "big")
-    return order == sys.byteorder
 
 
 def _plan_reads(reader: Any, plan: Any, planner: Any) -> tuple[dict, list]:
@@ -115,7 +98,7 @@ def _plan_reads(reader: Any, plan: Any, planner: Any) -> tuple[dict, list]:
                     or chunk.is_conj() or chunk.is_neg()):
                 rest.append(req)
                 continue
-            if not _raw_bytes(_Range(streams[path].fileno(), info.offset, info.length)):
+            if not raw_bytes(_Range(streams[path].fileno(), info.offset, info.length)):
                 rest.append(req)
                 continue
             size = chunk.element_size()

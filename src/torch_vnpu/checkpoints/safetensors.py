@@ -23,17 +23,41 @@ _CHUNK_BYTES = 16 << 20
 _SLOTS = 4
 
 
-def _header(path: str) -> tuple[int, dict]:
-    """(start of the data region, header entries); validated by safetensors (its SafetensorError on a bad file)."""
+def _header(path: str, fd: int) -> tuple[int, dict]:
+    """(start of the data region, header entries) of the file open as ``fd`` (``path`` names it), validated by
+    safetensors (its SafetensorError on a bad file). A header already validated for this file (same device, inode
+    and size, the same header bytes) is not parsed again."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size)
+    cached = _headers.get(key)
+    if cached is not None:
+        raw, start, header = cached
+        if os.pread(fd, start, 0) == raw:
+            return start, header
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt", device="cpu"):  # validates header, offsets and sizes
+    # validates header, offsets and sizes, of this file even if `path` names another one by now
+    with safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu"):
         pass
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+    (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    raw = os.pread(fd, 8 + n, 0)
+    header = json.loads(raw[8:])
     header.pop("__metadata__", None)
+    if len(_headers) > 64:
+        _headers.clear()
+    _headers[key] = (raw, 8 + n, header)
     return 8 + n, header
+
+
+# (st_dev, st_ino, st_size) -> (the 8 + n header bytes, start of the data region, entries): a file's header is
+# checked byte for byte before it is reused (a file rewritten in place keeps its inode)
+_headers: dict[tuple[int, int, int], tuple[bytes, int, dict]] = {}
+
+
+def _open(path: str) -> int:
+    """A descriptor of ``path`` for its header and its data alike (a save renames a new file over the path: the
+    data read must be the validated header's); FileNotFoundError as safetensors raises it."""
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu", *, dtype: torch.dtype | None = None,
@@ -58,8 +82,6 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         torch.OutOfMemoryError: the checkpoint does not fit; the tensors allocated so far are freed.
         ValueError: ``device`` is not a vnpu device, or ``chunk_bytes`` / ``slots`` are not positive.
     """
-    from safetensors.torch import _TYPES
-
     path = os.fspath(path)
     if not (isinstance(chunk_bytes, int) and isinstance(slots, int) and chunk_bytes > 0 and slots > 0):
         raise ValueError(f"chunk_bytes and slots must be positive integers, got {chunk_bytes!r} and {slots!r}")
@@ -68,9 +90,21 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         raise ValueError(f"torch_vnpu.checkpoints.safetensors.load_file loads onto vnpu devices, got {device}")
     if device.index is None:
         device = torch.device("vnpu", torch.vnpu.current_device())
-    start, header = _header(path)
+    fd = _open(path)
+    try:
+        return _load(path, fd, device, dtype, chunk_bytes, slots)
+    finally:
+        os.close(fd)
+
+
+def _load(path: str, fd: int, device: torch.device, dtype: torch.dtype | None, chunk_bytes: int,
+          slots: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import _TYPES
+
+    start, header = _header(path, fd)
     out: dict[str, torch.Tensor] = {}
     segments = []
+    converted = []  # (name, file offset, bytes, stored dtype) of tensors read into another dtype
     others = []  # dtypes only safetensors' own reader builds (packed float4, float8_e8m0, ...)
     with torch.vnpu.device(device):
         try:
@@ -79,20 +113,27 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
                     others.append(name)
                     continue
                 begin, end = entry["data_offsets"]
-                t = torch.empty(entry["shape"], dtype=_TYPES[entry["dtype"]], device=device)
+                stored = _TYPES[entry["dtype"]]
+                if dtype is not None and stored.is_floating_point and stored != dtype:
+                    converted.append((name, start + begin, end - begin, stored))
+                    t = torch.empty(entry["shape"], dtype=dtype, device=device)
+                else:
+                    t = torch.empty(entry["shape"], dtype=stored, device=device)
+                    if end > begin:
+                        segments.append((start + begin, end - begin, t.data_ptr(), name))
                 out[name] = t
-                if end > begin:
-                    segments.append((start + begin, end - begin, t.data_ptr(), name))
             t = None
             from .. import _C
             from ._progress import bar
 
             with bar(sum(seg[1] for seg in segments), "Loading", path) as progress:
-                _C._read_into_device(path, segments, chunk_bytes, slots, progress=progress.callback)
+                _C._read_into_device(path, segments, chunk_bytes, slots, progress=progress.callback, fd=fd)
+            for name, offset, nbytes, stored in converted:
+                _read_converted(path, fd, offset, nbytes, stored, out[name], name)
             if others:
                 from safetensors import safe_open
 
-                with safe_open(path, framework="pt", device="cpu") as f:
+                with safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu") as f:
                     for name in others:
                         out[name] = f.get_tensor(name).to(device)
         except BaseException:
@@ -101,42 +142,64 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
             out.clear()
             t = None
             raise
-        if dtype is not None:
+        if dtype is not None:  # safetensors' own reader's tensors
             out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
     return out
 
 
-_headers: dict[tuple[str, int, int], tuple[int, dict]] = {}  # (path, size, mtime_ns) -> _header(path)
+def _read_converted(path: str, fd: int, offset: int, nbytes: int, stored: torch.dtype, out: torch.Tensor,
+                    name: str) -> None:
+    """Read a tensor stored as ``stored`` into ``out`` (contiguous, another dtype), converted on the device a chunk
+    at a time through one scratch buffer of at most 16 MiB: the device never holds the whole tensor in both dtypes
+    (a load that fits in the requested dtype does not run out of memory for the stored one). Stream-ordered."""
+    from .. import _C
+
+    flat = out.view(-1)
+    step = max(1, _CHUNK_BYTES // stored.itemsize)  # elements per chunk
+    scratch = torch.empty(min(nbytes, step * stored.itemsize), dtype=torch.uint8, device=out.device)
+    for first in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - first)
+        _C._read_into_device(path, [(offset + first * stored.itemsize, n * stored.itemsize, scratch.data_ptr(), name)],
+                             _CHUNK_BYTES, _SLOTS, fd=fd)
+        flat[first:first + n].copy_(scratch[: n * stored.itemsize].view(stored))
 
 
-def read_tensor(path: str | os.PathLike, name: str, device: torch.device) -> torch.Tensor | None:
-    """One tensor of a safetensors file read into vnpu memory (the file's header read once, validated by
-    safetensors); None if its dtype has no torch name here (packed float4, ...): read it with safetensors.
+def read_tensor(path: str | os.PathLike, name: str, device: torch.device, fd: int | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """One tensor of a safetensors file read into vnpu memory (the file's header validated by safetensors once);
+    None if its dtype has no torch name here (packed float4, ...): read it with safetensors.
 
+    ``fd``: a descriptor of the file opened earlier (a safe_open handle's), read instead of what ``path`` names now.
+    ``dtype``: the tensor converted to it on the device (``Tensor.to(dtype)``), a chunk at a time.
     Stream-ordered as load_file. Raises what load_file raises; KeyError naming the file for an unknown name."""
     from safetensors.torch import _TYPES
 
     from .. import _C
 
     path = os.fspath(path)
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    if key not in _headers:
-        if len(_headers) > 64:
-            _headers.clear()
-        _headers[key] = _header(path)
-    start, header = _headers[key]
-    if name not in header:
-        raise KeyError(f"{path} has no tensor named {name!r}")
-    entry = header[name]
-    if entry["dtype"] not in _TYPES:
-        return None
-    begin, end = entry["data_offsets"]
-    with torch.vnpu.device(device):
-        out = torch.empty(entry["shape"], dtype=_TYPES[entry["dtype"]], device=device)
-        if end > begin:
-            _C._read_into_device(path, [(start + begin, end - begin, out.data_ptr(), name)], _CHUNK_BYTES, _SLOTS)
-    return out
+    own = fd is None
+    if own:
+        fd = _open(path)
+    try:
+        start, header = _header(path, fd)
+        if name not in header:
+            raise KeyError(f"{path} has no tensor named {name!r}")
+        entry = header[name]
+        if entry["dtype"] not in _TYPES:
+            return None
+        begin, end = entry["data_offsets"]
+        stored = _TYPES[entry["dtype"]]
+        with torch.vnpu.device(device):
+            out = torch.empty(entry["shape"], dtype=stored if dtype is None else dtype, device=device)
+            if end > begin and out.dtype != stored:
+                _read_converted(path, fd, start + begin, end - begin, stored, out, name)
+            elif end > begin:
+                _C._read_into_device(path, [(start + begin, end - begin, out.data_ptr(), name)], _CHUNK_BYTES, _SLOTS,
+                                     fd=fd)
+        return out
+    finally:
+        if own:
+            os.close(fd)
 
 
 _dtype_rank: dict[str, int] | None = None

@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+from ._archive import raw_bytes
+
 __all__ = ["load", "streams"]
 
 _CHUNK_BYTES = 16 << 20
@@ -37,7 +39,7 @@ def _vnpu_device(map_location: object) -> torch.device | None:
 
 def streams(f: object, map_location: object) -> bool:
     """Whether ``load`` streams this call: a path to a file in torch.save's zip format (tensor data stored, not
-    compressed; not a TorchScript archive), loaded to a vnpu device."""
+    compressed, in this host's byte order; not a TorchScript archive), loaded to a vnpu device."""
     if _vnpu_device(map_location) is None or not isinstance(f, (str, os.PathLike)):
         return False
     try:
@@ -48,14 +50,17 @@ def streams(f: object, map_location: object) -> bool:
 
     try:
         with zipfile.ZipFile(os.fspath(f)) as z:
-            infos = z.infolist()
+            names = z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-    names = [i.filename for i in infos]
     if any(n.endswith("/constants.pkl") for n in names):  # TorchScript: torch.jit.load takes devices only
         return False
-    # Storages are read at their offset in the file: only bytes stored as they are (torch.save's way)
-    return all(i.compress_type == zipfile.ZIP_STORED for i in infos if "/data/" in i.filename)
+    # Storages are read at their offset in the file: only bytes stored as they are (torch.save's way), in the byte
+    # order torch.load would leave them in (it byteswaps a foreign one before handing the storage over)
+    try:
+        return raw_bytes(os.fspath(f))
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 class _FileMap:
@@ -96,8 +101,9 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
         kwargs: torch.load's other arguments (``weights_only``, ``pickle_module``, ``mmap``, ...), unchanged.
 
     Returns:
-        What torch.load returns, its storages on the vnpu device, read once torch.load has built the result. Work
-        queued on the current stream afterwards sees the bytes.
+        What torch.load returns, its storages on the vnpu device, each read as torch.load restores it (so what
+        unpickling computes from a tensor sees its bytes). Work queued on the current stream afterwards sees the
+        bytes. The file is opened once: a file renamed over ``f`` meanwhile is not mixed in.
 
     Raises:
         Whatever torch.load raises for the file (``pickle.UnpicklingError`` for a ``weights_only`` violation, ...);
@@ -112,36 +118,40 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
         raise ValueError(f"streamed torch.load needs a path to a torch.save zip file and a vnpu map_location, "
                          f"got {f!r} and {map_location!r}")
     path = os.fspath(f)
-    where = _FileMap(path)
+    # torch.load maps, and the storages are read from, this one open file, even if a save renames another file
+    # over `path` meanwhile
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    opened = f"/proc/self/fd/{fd}"
+    where = _FileMap(opened)
 
-    # Storages are allocated as torch.load asks for them and read in one pass once it is done (one file, reads in
-    # flight across storages); `pending` keeps each alive until its bytes are in.
-    pending: list[tuple[int, int, torch.UntypedStorage]] = []
+    import torch.serialization
+
+    from ._progress import bar
+
+    progress = bar(os.fstat(fd).st_size, "Loading", path)
+    done = 0
 
     def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
+        # Read as torch.load asks for the storage, before unpickling goes on: a __setstate__ or a rebuild function
+        # (a nested tensor's sizes) may read it, as it may on CPU.
+        nonlocal done
         nbytes = storage.nbytes()
         offset = where.offset(storage.data_ptr()) if nbytes else None
         if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
             return storage.to(device=device)
         with torch.vnpu.device(device):
             out = torch.UntypedStorage(nbytes, device=device)
-        if nbytes:
-            pending.append((offset, nbytes, out))
+            if nbytes:
+                base = done
+                _C._read_into_device(path, [(offset, nbytes, out.data_ptr(), f"storage at byte {offset}")],
+                                     chunk_bytes, slots, progress=lambda n: progress.callback(base + n), fd=fd)
+                done += nbytes
         return out
 
     kwargs.pop("mmap", None)
-    import torch.serialization
-
-    from ._progress import bar
-
-    progress = bar(os.path.getsize(path), "Loading", path)
     result = None
     try:
-        result = torch.serialization.load(path, map_location=restore, mmap=True, **kwargs)  # torch's own, unpatched
-        segments = [(offset, n, out.data_ptr(), f"storage at byte {offset}") for offset, n, out in pending]
-        if segments:
-            with torch.vnpu.device(device):
-                _C._read_into_device(path, segments, chunk_bytes, slots, progress=progress.callback)
+        result = torch.serialization.load(opened, map_location=restore, mmap=True, **kwargs)  # torch's own
         return result
     except (RuntimeError, OSError, KeyboardInterrupt) as e:  # out of memory, a failed read, Ctrl-C
         # Nothing stays allocated: torch.load's frames below this one (kept by the traceback, with the closures
@@ -152,9 +162,9 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
 
         if e.__traceback__ is not None and e.__traceback__.tb_frame is sys._getframe():
             e.__traceback__.tb_next = None
-        pending.clear()
         result = None  # noqa: F841 (drops the storages before the collection)
         gc.collect()
         raise
     finally:
         progress.close()
+        os.close(fd)

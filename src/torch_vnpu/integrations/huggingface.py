@@ -331,13 +331,16 @@ def _patch_transformers_generation(device_type: str) -> None:
 
 
 class _TrackedSafeOpen:
-    """A safetensors file handle (``safe_open``'s) whose slices remember their file and name."""
+    """A safetensors file handle (``safe_open``'s) whose slices remember their file and name, and the file itself:
+    the handle maps the file as it was at the open, so its tensors are read from that file (held open here as long
+    as the handle or a slice lives), not from whatever file the path names by the time they are read."""
 
     def __init__(self, handle, filename):
         self._handle, self._filename = handle, os.fspath(filename)
+        self._file = open(self._filename, "rb", buffering=0)  # noqa: SIM115 (lives as long as the handle)
 
     def get_slice(self, name):
-        return _TrackedSlice(self._handle.get_slice(name), self._filename, name)
+        return _TrackedSlice(self._handle.get_slice(name), self._filename, name, self._file)
 
     def __enter__(self):
         self._handle.__enter__()
@@ -364,7 +367,7 @@ class _DeviceSafeOpen(_TrackedSafeOpen):
         from ..checkpoints.safetensors import read_tensor
 
         try:
-            out = read_tensor(self._filename, name, self._device)
+            out = read_tensor(self._filename, name, self._device, self._file.fileno())
         except KeyError:  # not in the file: safetensors' own error
             out = None
         return out if out is not None else self._handle.get_tensor(name)
@@ -373,8 +376,8 @@ class _DeviceSafeOpen(_TrackedSafeOpen):
 class _TrackedSlice:
     """safetensors' lazy slice, with the file and tensor name it reads (torch_vnpu.checkpoints reads it whole)."""
 
-    def __init__(self, slice_, filename, name):
-        self._slice, self.filename, self.name = slice_, filename, name
+    def __init__(self, slice_, filename, name, file):
+        self._slice, self.filename, self.name, self.file = slice_, filename, name, file
 
     def __getitem__(self, index):
         return self._slice[index]
@@ -408,9 +411,9 @@ def _patch_transformers_loading(device_type: str) -> None:
             if isinstance(target, torch.device) and target.type == device_type:
                 from ..checkpoints.safetensors import read_tensor
 
-                out = read_tensor(tensor.filename, tensor.name, target)
+                out = read_tensor(tensor.filename, tensor.name, target, tensor.file.fileno(), dtype)
                 if out is not None:
-                    return out if dtype is None else out.to(dtype)
+                    return out
             tensor = tensor._slice
         return orig_copy(tensor, device, dtype)
 
