@@ -75,6 +75,12 @@ void readIntoDevice(const std::string& path, std::vector<Segment> segments, size
   ReadOnlyFile file(path, fd);
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.file_offset < b.file_offset; });
+  // A read of less than one chunk per stream (one tensor of a few MiB, as from_pretrained and torch.load ask
+  // for) is split over the streams all the same (4 KiB multiples, at least 64 KiB each): every stream works on it.
+  uint64_t total = 0;
+  for (const Segment& s : segments) total += s.nbytes;
+  const uint64_t per_stream = (total + upload_streams - 1) / upload_streams;
+  if (per_stream < chunk_bytes) chunk_bytes = std::max<uint64_t>(64 << 10, (per_stream + 4095) / 4096 * 4096);
   // Reads alternate between the current stream and pool streams forked from it and joined back at the end, so
   // that work queued on the current stream afterwards is ordered after every read.
   ForkedStreams streams(current, upload_streams);
