@@ -108,12 +108,13 @@ def test_a_malformed_file_raises_safetensors_error_and_allocates_nothing(checkpo
 def test_a_file_shorter_than_its_header_says_names_the_tensor_and_frees_everything(checkpoint, monkeypatch):
     """The file changed after its header was validated: the short read raises RuntimeError naming the file and
     the tensor, and the tensors allocated for the load go back to the allocator."""
-    fd = os.open(checkpoint, os.O_RDONLY)
-    start, header = vio._header(checkpoint, fd)
-    os.close(fd)
+    from torch_vnpu.checkpoints._files import OpenedFile
+
+    with OpenedFile(checkpoint) as file:
+        start, header = vio._header(file)
     size = os.path.getsize(checkpoint)
     last = max(header, key=lambda k: header[k]["data_offsets"][1])
-    monkeypatch.setattr(vio, "_header", lambda path, fd: (start + 64, header))  # as if 64 bytes had gone
+    monkeypatch.setattr(vio, "_header", lambda file: (start + 64, header))  # as if 64 bytes had gone
     torch.vnpu.synchronize()
     before = torch.vnpu.memory_allocated()
     with pytest.raises(RuntimeError, match=f"{checkpoint} ended at byte {size} while reading tensor '{last}'"):
@@ -695,6 +696,27 @@ def test_a_safe_open_handle_reads_the_file_it_opened(tmp_path):
         assert torch.equal(got.cpu(), a)
 
 
+def test_a_safe_open_handle_closed_by_with_is_closed_as_safetensors_own(tmp_path):
+    """After ``with safe_open(..., device="vnpu")`` get_tensor raises safetensors' own error, as on CPU, and the
+    handle holds no file open any more."""
+    path = str(tmp_path / "m.safetensors")
+    st.save_file({"w": torch.arange(4.0)}, path)
+    torch.ones(1, device="vnpu").cpu()  # the device's own descriptors opened first
+
+    def open_files():
+        return sum(1 for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == path)
+
+    errors = {}
+    for device in ("cpu", "vnpu"):
+        with safetensors.safe_open(path, framework="pt", device=device) as f:
+            assert torch.equal(f.get_tensor("w").cpu(), torch.arange(4.0))
+        with pytest.raises(Exception) as e:
+            f.get_tensor("w")
+        errors[device] = (type(e.value), str(e.value))
+        assert open_files() == 0, device
+    assert errors["vnpu"] == errors["cpu"]
+
+
 def test_a_conversion_on_load_needs_device_memory_for_the_requested_dtype_only(tmp_path):
     """load_file(dtype=) and from_pretrained(dtype=) convert a tensor on the device a chunk at a time: a float32
     checkpoint loaded as bfloat16 takes the bfloat16 size plus one 16 MiB scratch buffer, not both copies of a
@@ -794,6 +816,53 @@ def test_torch_load_of_a_big_endian_file_gives_the_values(tmp_path, monkeypatch,
     assert torch.equal(cpu["x"], x) and torch.equal(cpu["i"], i)
     assert out["x"].device.type == "vnpu" and torch.equal(out["x"].cpu(), x) and torch.equal(out["i"].cpu(), i)
     assert calls == []
+
+
+def test_torch_load_reads_the_file_it_checked(tmp_path, monkeypatch):
+    """A big-endian file renamed over the path right after the little-endian file there was checked (streamable):
+    the load reads the file it checked and opened, with its values, not the other file's raw bytes."""
+    from torch_vnpu.checkpoints import torch_load
+
+    x = torch.arange(8, dtype=torch.float32) + 0.25
+    torch.save({"x": x}, tmp_path / "le.pt")
+    _big_endian(tmp_path / "le.pt", tmp_path / "be.pt")
+    os.link(tmp_path / "le.pt", tmp_path / "ckpt.pt")
+    checked = torch_load._readable_in_place
+
+    def check_then_rename(path):
+        ok = checked(path)
+        os.replace(tmp_path / "be.pt", tmp_path / "ckpt.pt")
+        return ok
+
+    monkeypatch.setattr(torch_load, "_readable_in_place", check_then_rename)
+    out = torch.load(tmp_path / "ckpt.pt", map_location="vnpu")
+    assert torch.equal(out["x"].cpu(), x)
+
+
+def test_a_file_truncated_while_torch_load_reads_it_raises(tmp_path):
+    """The file shrinks during the load (here from a __setstate__; another process rewriting it in place does the
+    same): RuntimeError naming the file, as the CPU load raises one, not a storage torch would resize to garbage."""
+    code = textwrap.dedent("""
+        import os, torch, torch_vnpu
+
+        class Truncates:
+            def __init__(self):
+                self.state = 1  # (an empty state would not be passed to __setstate__)
+
+            def __setstate__(self, state):
+                os.truncate("ckpt.pt", 100)
+
+        torch.full((5000,), 123.0, device="vnpu")  # freed memory with a pattern in it
+        for device in ("cpu", "vnpu"):
+            torch.save({"a": torch.randn(3000), "t": Truncates(), "b": torch.randn(5000)}, "ckpt.pt")
+            try:
+                torch.load("ckpt.pt", map_location=device, weights_only=False)
+                print(device, "returned")
+            except RuntimeError as e:
+                print(device, "raised", "ckpt.pt" in str(e) or device == "cpu")
+        print(torch.vnpu.memory_allocated())
+    """)
+    assert _child(code, tmp_path).splitlines() == ["cpu raised True", "vnpu raised True", "0"]
 
 
 def test_what_unpickling_computes_from_a_loaded_tensor_sees_its_bytes(tmp_path):

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -378,6 +379,33 @@ TEST_F(CopyTest, AShortFileReadReportsTheBytesReadAndLeavesTheStreamHealthy) {
   EXPECT_EQ(vnpuMemcpyFromFileAsync(host.data(), file.fd, 0, 64, got, nullptr), vnpuErrorInvalidValue);
   EXPECT_EQ(vnpuMemcpyFromFileAsync(d.get(), -1, 0, 64, got, nullptr), vnpuErrorInvalidValue);
   EXPECT_EQ(vnpuMemcpyFromFileAsync(d.get(), file.fd, 0, 64, nullptr, nullptr), vnpuErrorInvalidValue);
+  EXPECT_EQ(vnpuGetLastError(), vnpuSuccess);
+}
+
+TEST_F(CopyTest, AFileCopyWithNoDescriptorLeftReportsEMFILEAndQueuesNothing) {
+  const auto values = Iota(1000);
+  TempFile file(values);  // mkstemp: open for reading and writing
+  DeviceBuffer d(1000 * sizeof(int));
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_cur, 512);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> held;  // every descriptor up to the limit
+  for (int f; (f = ::dup(file.fd)) >= 0;) held.push_back(f);
+  const int exhausted = errno;
+  auto got = std::make_shared<int64_t>(0);
+  auto wrote = std::make_shared<int64_t>(0);
+  const vnpuError_t read = vnpuMemcpyFromFileAsync(d.get(), file.fd, 0, 64, got, nullptr);
+  const vnpuError_t write = vnpuMemcpyToFileAsync(file.fd, 0, d.get(), 64, wrote, nullptr);
+  for (int f : held) ::close(f);
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  ASSERT_EQ(exhausted, EMFILE);
+  EXPECT_EQ(read, vnpuSuccess);
+  EXPECT_EQ(write, vnpuSuccess);
+  EXPECT_EQ(*got, -static_cast<int64_t>(EMFILE));
+  EXPECT_EQ(*wrote, -static_cast<int64_t>(EMFILE));
+  EXPECT_EQ(vnpuStreamSynchronize(nullptr), vnpuSuccess);
   EXPECT_EQ(vnpuGetLastError(), vnpuSuccess);
 }
 

@@ -218,7 +218,7 @@ void populate_for_write(char* p, size_t n) {
   if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
 }
 // The task's own duplicate of a caller's descriptor, closed with the last task holding it: the caller may close
-// its descriptor at once. Null if `fd` is not open.
+// its descriptor at once. Null if it cannot be made (errno: EBADF if `fd` is not open, EMFILE at the limit).
 std::shared_ptr<int> own_descriptor(int fd) {
   const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return nullptr;
@@ -247,7 +247,12 @@ vnpuError_t begin_file_copy(const char* name, const void* device_ptr, int write,
   if (st == nullptr) return vnpuErrorInvalidResourceHandle;
   if (auto c = capture_of(st)) return refuse_on_capture(*c, vnpuErrorStreamCaptureUnsupported, on_capture);
   *file = own_descriptor(fd);
-  if (*file == nullptr) return vnpuErrorInvalidValue;
+  if (*file == nullptr) {
+    if (errno == EBADF) return vnpuErrorInvalidValue;
+    // Out of descriptors (EMFILE): the copy fails as a failed read or write does, through *result; nothing queued.
+    *result = -static_cast<int64_t>(errno);
+    return vnpuSuccess;
+  }
   if (san::on()) {
     const vnpuMemAccess acc{device_ptr, count, write};
     if (vnpuError_t e = san::report_host_access(st, name); e != vnpuSuccess) return e;

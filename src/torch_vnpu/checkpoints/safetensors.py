@@ -17,30 +17,31 @@ import struct
 
 import torch
 
+from ._files import OpenedFile
+
 __all__ = ["load_file", "save_file"]
 
 _CHUNK_BYTES = 16 << 20
 _SLOTS = 4
 
 
-def _header(path: str, fd: int) -> tuple[int, dict]:
-    """(start of the data region, header entries) of the file open as ``fd`` (``path`` names it), validated by
-    safetensors (its SafetensorError on a bad file). A header already validated for this file (same device, inode
-    and size, the same header bytes) is not parsed again."""
-    st = os.fstat(fd)
+def _header(file: OpenedFile) -> tuple[int, dict]:
+    """(start of the data region, header entries) of the open ``file``, validated by safetensors (its
+    SafetensorError on a bad file). A header already validated for this file (same device, inode and size, the
+    same header bytes) is not parsed again."""
+    st = os.fstat(file.fd)
     key = (st.st_dev, st.st_ino, st.st_size)
     cached = _headers.get(key)
     if cached is not None:
         raw, start, header = cached
-        if os.pread(fd, start, 0) == raw:
+        if os.pread(file.fd, start, 0) == raw:
             return start, header
     from safetensors import safe_open
 
-    # validates header, offsets and sizes, of this file even if `path` names another one by now
-    with safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu"):
-        pass
-    (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-    raw = os.pread(fd, 8 + n, 0)
+    with file.naming_errors(), safe_open(file.proc_path, framework="pt", device="cpu"):
+        pass  # validates header, offsets and sizes, of this file even if its path names another one by now
+    (n,) = struct.unpack("<Q", os.pread(file.fd, 8, 0))
+    raw = os.pread(file.fd, 8 + n, 0)
     header = json.loads(raw[8:])
     header.pop("__metadata__", None)
     if len(_headers) > 64:
@@ -52,12 +53,6 @@ def _header(path: str, fd: int) -> tuple[int, dict]:
 # (st_dev, st_ino, st_size) -> (the 8 + n header bytes, start of the data region, entries): a file's header is
 # checked byte for byte before it is reused (a file rewritten in place keeps its inode)
 _headers: dict[tuple[int, int, int], tuple[bytes, int, dict]] = {}
-
-
-def _open(path: str) -> int:
-    """A descriptor of ``path`` for its header and its data alike (a save renames a new file over the path: the
-    data read must be the validated header's); FileNotFoundError as safetensors raises it."""
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu", *, dtype: torch.dtype | None = None,
@@ -90,18 +85,16 @@ def load_file(path: str | os.PathLike, device: str | int | torch.device = "vnpu"
         raise ValueError(f"torch_vnpu.checkpoints.safetensors.load_file loads onto vnpu devices, got {device}")
     if device.index is None:
         device = torch.device("vnpu", torch.vnpu.current_device())
-    fd = _open(path)
-    try:
-        return _load(path, fd, device, dtype, chunk_bytes, slots)
-    finally:
-        os.close(fd)
+    with OpenedFile(path) as file:
+        return _load(file, device, dtype, chunk_bytes, slots)
 
 
-def _load(path: str, fd: int, device: torch.device, dtype: torch.dtype | None, chunk_bytes: int,
+def _load(file: OpenedFile, device: torch.device, dtype: torch.dtype | None, chunk_bytes: int,
           slots: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import _TYPES
 
-    start, header = _header(path, fd)
+    path, fd = file.path, file.fd
+    start, header = _header(file)
     out: dict[str, torch.Tensor] = {}
     segments = []
     converted = []  # (name, file offset, bytes, stored dtype) of tensors read into another dtype
@@ -133,7 +126,7 @@ def _load(path: str, fd: int, device: torch.device, dtype: torch.dtype | None, c
             if others:
                 from safetensors import safe_open
 
-                with safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu") as f:
+                with safe_open(file.proc_path, framework="pt", device="cpu") as f:
                     for name in others:
                         out[name] = f.get_tensor(name).to(device)
         except BaseException:
@@ -164,12 +157,12 @@ def _read_converted(path: str, fd: int, offset: int, nbytes: int, stored: torch.
         flat[first:first + n].copy_(scratch[: n * stored.itemsize].view(stored))
 
 
-def read_tensor(path: str | os.PathLike, name: str, device: torch.device, fd: int | None = None,
+def read_tensor(path: str | os.PathLike, name: str, device: torch.device, file: OpenedFile | None = None,
                 dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """One tensor of a safetensors file read into vnpu memory (the file's header validated by safetensors once);
     None if its dtype has no torch name here (packed float4, ...): read it with safetensors.
 
-    ``fd``: a descriptor of the file opened earlier (a safe_open handle's), read instead of what ``path`` names now.
+    ``file``: the file opened earlier (a safe_open handle's), read instead of what ``path`` names now.
     ``dtype``: the tensor converted to it on the device (``Tensor.to(dtype)``), a chunk at a time.
     Stream-ordered as load_file. Raises what load_file raises; KeyError naming the file for an unknown name."""
     from safetensors.torch import _TYPES
@@ -177,11 +170,12 @@ def read_tensor(path: str | os.PathLike, name: str, device: torch.device, fd: in
     from .. import _C
 
     path = os.fspath(path)
-    own = fd is None
+    own = file is None
     if own:
-        fd = _open(path)
+        file = OpenedFile(path)
+    fd = file.fd
     try:
-        start, header = _header(path, fd)
+        start, header = _header(file)
         if name not in header:
             raise KeyError(f"{path} has no tensor named {name!r}")
         entry = header[name]
@@ -199,7 +193,7 @@ def read_tensor(path: str | os.PathLike, name: str, device: torch.device, fd: in
         return out
     finally:
         if own:
-            os.close(fd)
+            file.close()
 
 
 _dtype_rank: dict[str, int] | None = None

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from ._archive import raw_bytes
+from ._files import OpenedFile
 
 __all__ = ["load", "streams"]
 
@@ -38,27 +39,28 @@ def _vnpu_device(map_location: object) -> torch.device | None:
 
 
 def streams(f: object, map_location: object) -> bool:
-    """Whether ``load`` streams this call: a path to a file in torch.save's zip format (tensor data stored, not
-    compressed, in this host's byte order; not a TorchScript archive), loaded to a vnpu device."""
+    """Whether ``load`` takes this call: a path (with a UTF-8 name, as torch's memory map needs), loaded to a vnpu
+    device. ``load`` then checks the file itself and hands anything it cannot read in place to torch.load."""
     if _vnpu_device(map_location) is None or not isinstance(f, (str, os.PathLike)):
         return False
     try:
-        os.fspath(f).encode()  # torch's memory map of the file takes UTF-8 names only
+        os.fspath(f).encode()
     except (UnicodeEncodeError, TypeError):
         return False
+    return True
+
+
+def _readable_in_place(path: str) -> bool:
+    """Whether the storages of the file at ``path`` can be read at their offsets: torch.save's zip format (not a
+    TorchScript archive), tensor data stored as it is (not compressed), in the byte order torch.load would leave
+    it in (it byteswaps a foreign one before handing the storage over)."""
     import zipfile
 
     try:
-        with zipfile.ZipFile(os.fspath(f)) as z:
-            names = z.namelist()
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return False
-    if any(n.endswith("/constants.pkl") for n in names):  # TorchScript: torch.jit.load takes devices only
-        return False
-    # Storages are read at their offset in the file: only bytes stored as they are (torch.save's way), in the byte
-    # order torch.load would leave them in (it byteswaps a foreign one before handing the storage over)
-    try:
-        return raw_bytes(os.fspath(f))
+        with zipfile.ZipFile(path) as z:
+            if any(n.endswith("/constants.pkl") for n in z.namelist()):  # TorchScript: torch.jit.load's
+                return False
+        return raw_bytes(path)
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
 
@@ -95,7 +97,9 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     """``torch.load(f, map_location=map_location, **kwargs)`` for a vnpu ``map_location``, streamed.
 
     Args:
-        f: path of a file written by ``torch.save`` (its zip format).
+        f: path of a file written by ``torch.save`` (its zip format). A file whose storages cannot be read at
+            their offsets (the legacy format, compressed entries, the other byte order, a TorchScript archive) is
+            loaded by torch.load's own path.
         map_location: a vnpu device (``"vnpu"``, ``"vnpu:1"``, ``torch.device("vnpu", 1)``).
         chunk_bytes, slots: reads of up to ``chunk_bytes`` bytes each, at most ``slots`` queued at a time.
         kwargs: torch.load's other arguments (``weights_only``, ``pickle_module``, ``mmap``, ...), unchanged.
@@ -107,34 +111,41 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
 
     Raises:
         Whatever torch.load raises for the file (``pickle.UnpicklingError`` for a ``weights_only`` violation, ...);
-        RuntimeError naming the file when it ends early or cannot be read; torch.OutOfMemoryError when the
-        checkpoint does not fit. The storages allocated so far are freed.
-        ValueError: ``map_location`` is not a vnpu device, or ``f`` is not a path to a zip-format checkpoint.
+        RuntimeError naming the file when it ends early, changes size while loaded, or cannot be read;
+        torch.OutOfMemoryError when the checkpoint does not fit. The storages allocated so far are freed.
+        ValueError: ``map_location`` is not a vnpu device, or ``f`` is not a path with a UTF-8 name.
     """
     from .. import _C
 
     device = _vnpu_device(map_location)
     if device is None or not streams(f, map_location):
-        raise ValueError(f"streamed torch.load needs a path to a torch.save zip file and a vnpu map_location, "
+        raise ValueError(f"streamed torch.load needs a path with a UTF-8 name and a vnpu map_location, "
                          f"got {f!r} and {map_location!r}")
-    path = os.fspath(f)
-    # torch.load maps, and the storages are read from, this one open file, even if a save renames another file
-    # over `path` meanwhile
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    opened = f"/proc/self/fd/{fd}"
-    where = _FileMap(opened)
-
     import torch.serialization
+
+    path = os.fspath(f)
+    # The checks, torch.load's map and the reads all see this one open file, even if a save renames another file
+    # over `path` meanwhile.
+    file = OpenedFile(path)
+    if not _readable_in_place(file.proc_path):
+        file.close()  # torch.load's own path (a host copy per storage), for whatever file `path` names now
+        return torch.serialization.load(f, map_location=map_location, **kwargs)
+    fd = file.fd
+    where = _FileMap(file.proc_path)
+    size = os.fstat(fd).st_size
 
     from ._progress import bar
 
-    progress = bar(os.fstat(fd).st_size, "Loading", path)
+    progress = bar(size, "Loading", path)
     done = 0
 
     def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
         # Read as torch.load asks for the storage, before unpickling goes on: a __setstate__ or a rebuild function
         # (a nested tensor's sizes) may read it, as it may on CPU.
         nonlocal done
+        if os.fstat(fd).st_size != size:  # torch's slice of its map may then be short (a storage it would resize)
+            raise RuntimeError(f"{path} changed size while being loaded (from {size} to {os.fstat(fd).st_size} "
+                               "bytes): load it again once it is written")
         nbytes = storage.nbytes()
         offset = where.offset(storage.data_ptr()) if nbytes else None
         if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
@@ -151,7 +162,8 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     kwargs.pop("mmap", None)
     result = None
     try:
-        result = torch.serialization.load(opened, map_location=restore, mmap=True, **kwargs)  # torch's own
+        with file.naming_errors():
+            result = torch.serialization.load(file.proc_path, map_location=restore, mmap=True, **kwargs)  # torch's own
         return result
     except (RuntimeError, OSError, KeyboardInterrupt) as e:  # out of memory, a failed read, Ctrl-C
         # Nothing stays allocated: torch.load's frames below this one (kept by the traceback, with the closures
@@ -167,4 +179,4 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
         raise
     finally:
         progress.close()
-        os.close(fd)
+        file.close()

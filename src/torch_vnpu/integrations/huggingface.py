@@ -331,13 +331,13 @@ def _patch_transformers_generation(device_type: str) -> None:
 
 
 class _TrackedSafeOpen:
-    """A safetensors file handle (``safe_open``'s) whose slices remember their file and name, and the file itself:
-    the handle maps the file as it was at the open, so its tensors are read from that file (held open here as long
-    as the handle or a slice lives), not from whatever file the path names by the time they are read."""
+    """A safetensors file handle (``safe_open``'s) whose slices remember their file and name, and the open file
+    itself (torch_vnpu.checkpoints' OpenedFile, from before safetensors opened it through ``/proc/self/fd``): its
+    tensors are read from the file the handle maps, not from whatever file the path names by the time they are
+    read. Closed with the handle (``with``) or when collected."""
 
-    def __init__(self, handle, filename):
-        self._handle, self._filename = handle, os.fspath(filename)
-        self._file = open(self._filename, "rb", buffering=0)  # noqa: SIM115 (lives as long as the handle)
+    def __init__(self, handle, filename, file):
+        self._handle, self._filename, self._file = handle, os.fspath(filename), file
 
     def get_slice(self, name):
         return _TrackedSlice(self._handle.get_slice(name), self._filename, name, self._file)
@@ -347,17 +347,32 @@ class _TrackedSafeOpen:
         return self
 
     def __exit__(self, *exc):
+        self._file.close()
         return self._handle.__exit__(*exc)
 
     def __getattr__(self, name):
         return getattr(self._handle, name)
 
 
+def _open_tracked(orig_open, filename, *args, **kwargs):
+    """(safetensors' handle of ``filename``, its OpenedFile): the file is opened first and safetensors maps that
+    open file, so both read one file."""
+    from ..checkpoints._files import OpenedFile
+
+    file = OpenedFile(filename)
+    try:
+        with file.naming_errors():
+            return orig_open(file.proc_path, *args, **kwargs), file
+    except BaseException:
+        file.close()
+        raise
+
+
 class _DeviceSafeOpen(_TrackedSafeOpen):
     """A safetensors file handle opened onto a vnpu device: get_tensor reads the tensor into device memory."""
 
-    def __init__(self, handle, filename, device):
-        super().__init__(handle, filename)
+    def __init__(self, handle, filename, file, device):
+        super().__init__(handle, filename, file)
         self._device = device
 
     def get_slice(self, name):
@@ -366,10 +381,12 @@ class _DeviceSafeOpen(_TrackedSafeOpen):
     def get_tensor(self, name):
         from ..checkpoints.safetensors import read_tensor
 
-        try:
-            out = read_tensor(self._filename, name, self._device, self._file.fileno())
-        except KeyError:  # not in the file: safetensors' own error
-            out = None
+        out = None
+        if not self._file.closed:  # (closed: safetensors' own "File is closed")
+            try:
+                out = read_tensor(self._filename, name, self._device, self._file)
+            except KeyError:  # not in the file: safetensors' own error
+                pass
         return out if out is not None else self._handle.get_tensor(name)
 
 
@@ -399,7 +416,8 @@ def _patch_transformers_loading(device_type: str) -> None:
 
     @functools.wraps(orig_open, updated=())
     def safe_open(filename, *args, **kwargs):
-        return _TrackedSafeOpen(orig_open(filename, *args, **kwargs), filename)
+        handle, file = _open_tracked(orig_open, filename, *args, **kwargs)
+        return _TrackedSafeOpen(handle, filename, file)
 
     _set(mu, "safe_open", safe_open, "13, slices remember their file")
     orig_copy = cml._materialize_copy
@@ -411,7 +429,8 @@ def _patch_transformers_loading(device_type: str) -> None:
             if isinstance(target, torch.device) and target.type == device_type:
                 from ..checkpoints.safetensors import read_tensor
 
-                out = read_tensor(tensor.filename, tensor.name, target, tensor.file.fileno(), dtype)
+                out = None if tensor.file.closed else read_tensor(tensor.filename, tensor.name, target, tensor.file,
+                                                                  dtype)
                 if out is not None:
                     return out
             tensor = tensor._slice
@@ -465,11 +484,11 @@ def _patch_safetensors(device_type: str) -> None:
     @functools.wraps(orig_open, updated=())
     def safe_open(filename, framework, device="cpu", *args, **kwargs):
         index = _safetensors_device(device, device_type)
-        handle = orig_open(filename, framework, index, *args, **kwargs)
         if framework in ("pt", "torch") and isinstance(index, int) and not isinstance(index, bool):
             # 11. get_tensor() onto vnpu reads the tensor from the file into device memory (torch_vnpu.checkpoints)
-            return _DeviceSafeOpen(handle, filename, torch.device(device_type, index))
-        return handle
+            handle, file = _open_tracked(orig_open, filename, framework, index, *args, **kwargs)
+            return _DeviceSafeOpen(handle, filename, file, torch.device(device_type, index))
+        return orig_open(filename, framework, index, *args, **kwargs)
 
     _set(safetensors, "safe_open", safe_open, f"7, device={device_type!r} -> index")
     _set(safetensors_torch, "safe_open", safe_open, "7")  # safetensors_torch.load_file calls this name

@@ -323,14 +323,17 @@ vnpuError_t vnpuMemsetAsync(void* dst, int value, size_t count, vnpuStream_t str
 // Storage). The runtime reads from its own duplicate of `fd`, so the caller may close it at once. When the
 // task has run, *bytes_read holds the bytes read (fewer than `count` if the file ended first) or -errno after a
 // failed read (it holds -1 before); the task never fails the stream. Read it after synchronizing with the task
-// (an event recorded after it). vnpuErrorStreamCaptureUnsupported on a capturing stream.
+// (an event recorded after it). Out of descriptors for the duplicate, nothing is queued and *bytes_read is
+// -EMFILE at once. vnpuErrorInvalidValue if `fd` is not open; vnpuErrorStreamCaptureUnsupported on a capturing
+// stream.
 vnpuError_t vnpuMemcpyFromFileAsync(void* dst, int fd, uint64_t offset, size_t count,
                                     std::shared_ptr<int64_t> bytes_read, vnpuStream_t stream);
 // Writes `count` bytes of device memory `src` to the open file `fd` at byte `offset` (pwrite), as a copy task
 // on `stream`: device to storage with no host staging buffer (the role of cuFileWriteAsync). The bytes written
 // are those `src` holds when the task runs, after the work queued on `stream` before it. The runtime writes
 // through its own duplicate of `fd`. When the task has run, *bytes_written holds `count` or -errno after a
-// failed write (ENOSPC, EBADF, ...; it holds -1 before); the task never fails the stream. A pending error of
+// failed write (ENOSPC, EBADF, ...; it holds -1 before; -EMFILE at once, nothing queued, when no descriptor is
+// left for the duplicate); the task never fails the stream. A pending error of
 // the device (a failed kernel) is the stream's, as for any copy. vnpuErrorStreamCaptureUnsupported on a
 // capturing stream.
 vnpuError_t vnpuMemcpyToFileAsync(int fd, uint64_t offset, const void* src, size_t count,
