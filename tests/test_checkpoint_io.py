@@ -865,6 +865,34 @@ def test_a_file_truncated_while_torch_load_reads_it_raises(tmp_path):
     assert _child(code, tmp_path).splitlines() == ["cpu raised True", "vnpu raised True", "0"]
 
 
+def test_a_record_header_pointing_past_the_end_of_the_file_raises(tmp_path):
+    """A corrupt local header (its extra-field length pushes the data past the end of the file): torch.load onto
+    vnpu raises RuntimeError naming the file, as the CPU load raises, and leaves nothing allocated (torch would
+    otherwise resize the empty slice it got to memory never read)."""
+    import struct
+
+    torch.save({"a": torch.arange(1000.0), "b": torch.ones(3)}, tmp_path / "ckpt.pt")
+    data = bytearray((tmp_path / "ckpt.pt").read_bytes())
+    pos = 0
+    while True:  # the local header of the first storage's record
+        pos = data.index(b"PK\x03\x04", pos)
+        n = struct.unpack_from("<H", data, pos + 26)[0]
+        if data[pos + 30:pos + 30 + n].endswith(b"/data/0"):
+            break
+        pos += 4
+    struct.pack_into("<H", data, pos + 28, 60000)
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with pytest.raises(RuntimeError):
+        torch.load(tmp_path / "bad.pt", map_location="cpu", mmap=True)
+    gc.collect()
+    torch.vnpu.synchronize()
+    before = torch.vnpu.memory_allocated()
+    with pytest.raises(RuntimeError, match=f"{tmp_path / 'bad.pt'}: the storage at byte .* runs to the end"):
+        torch.load(tmp_path / "bad.pt", map_location="vnpu")
+    gc.collect()
+    assert torch.vnpu.memory_allocated() == before
+
+
 def test_what_unpickling_computes_from_a_loaded_tensor_sees_its_bytes(tmp_path):
     """Each storage is in device memory by the time torch.load hands it on: a __setstate__ that computes from its
     tensor, and a nested tensor (rebuilt from its sizes tensor, weights_only=True) after device memory was used

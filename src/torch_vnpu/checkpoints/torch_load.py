@@ -73,12 +73,13 @@ class _FileMap:
         self.ranges: list[tuple[int, int, int]] = []  # (start, end, file offset of start)
 
     def offset(self, address: int) -> int | None:
+        """The file offset of ``address``; the end of a mapping counts (where an empty slice past it points)."""
         for start, end, pgoff in self.ranges:
-            if start <= address < end:
+            if start <= address <= end:
                 return address - start + pgoff
         self._read_maps()
         for start, end, pgoff in self.ranges:
-            if start <= address < end:
+            if start <= address <= end:
                 return address - start + pgoff
         return None
 
@@ -147,7 +148,12 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
             raise RuntimeError(f"{path} changed size while being loaded (from {size} to {os.fstat(fd).st_size} "
                                "bytes): load it again once it is written")
         nbytes = storage.nbytes()
-        offset = where.offset(storage.data_ptr()) if nbytes else None
+        offset = where.offset(storage.data_ptr())
+        if offset is not None and offset + nbytes >= size:
+            # A record's data always ends before the zip's directory: torch's slice was cut at the end of the map
+            # (a record header pointing past the end), and torch would resize the storage to unread memory.
+            raise RuntimeError(f"{path}: the storage at byte {offset} ({nbytes} bytes) runs to the end of the file "
+                               f"({size} bytes): the file is truncated or corrupt")
         if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
             return storage.to(device=device)
         with torch.vnpu.device(device):
