@@ -893,6 +893,27 @@ def test_a_record_header_pointing_past_the_end_of_the_file_raises(tmp_path):
     assert torch.vnpu.memory_allocated() == before
 
 
+@pytest.mark.parametrize("last", [False, True])
+def test_a_record_shorter_than_its_storage_raises(tmp_path, last):
+    """A file rewritten with a storage's record cut short (as the last record before the zip directory or not):
+    torch.load onto vnpu raises RuntimeError naming the file, as torch.load to CPU does ("record size ... does not
+    match"), instead of reading the next record's bytes into the storage's tail."""
+    import zipfile
+
+    torch.save({"a": torch.arange(16, dtype=torch.float32), "b": torch.arange(4)}, tmp_path / "ckpt.pt")
+    with zipfile.ZipFile(tmp_path / "ckpt.pt") as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    if last:
+        entries.sort(key=lambda e: e[0].endswith("/data/0"))
+    with zipfile.ZipFile(tmp_path / "short.pt", "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            z.writestr(name, data[:-8] if name.endswith("/data/0") else data)
+    with pytest.raises(RuntimeError, match="record size"):
+        torch.load(tmp_path / "short.pt", map_location="cpu")
+    with pytest.raises(RuntimeError, match=f"{tmp_path / 'short.pt'}: the storage at byte .* not one whole record"):
+        torch.load(tmp_path / "short.pt", map_location="vnpu")
+
+
 def test_what_unpickling_computes_from_a_loaded_tensor_sees_its_bytes(tmp_path):
     """Each storage is in device memory by the time torch.load hands it on: a __setstate__ that computes from its
     tensor, and a nested tensor (rebuilt from its sizes tensor, weights_only=True) after device memory was used

@@ -27,10 +27,10 @@ class OpenedFile:
     def closed(self) -> bool:
         return self.fd < 0
 
-    def close(self) -> None:
+    def close(self, _close=os.close) -> None:  # (bound here: at interpreter exit `os` may be gone before this)
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
-            os.close(fd)
+            _close(fd)
 
     def __enter__(self) -> OpenedFile:
         return self

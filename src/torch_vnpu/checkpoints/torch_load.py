@@ -65,6 +65,25 @@ def _readable_in_place(path: str) -> bool:
         return False
 
 
+def _records(fd: int, path: str) -> dict[int, int]:
+    """{file offset of a storage record's data: its size in bytes}, from the zip's directory and each record's
+    local header (where the data starts, as torch.load finds it)."""
+    import struct
+    import zipfile
+
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if "/data/" not in info.filename or info.filename.endswith("/serialization_id"):
+                continue
+            header = os.pread(fd, 30, info.header_offset)
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                continue  # no record there: a storage said to be at its data is refused
+            name_len, extra_len = struct.unpack_from("<HH", header, 26)
+            out[info.header_offset + 30 + name_len + extra_len] = info.file_size
+    return out
+
+
 class _FileMap:
     """Where a host address inside the memory map of ``path`` lies in the file (from /proc/self/maps)."""
 
@@ -134,6 +153,7 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
     fd = file.fd
     where = _FileMap(file.proc_path)
     size = os.fstat(fd).st_size
+    records = _records(fd, file.proc_path)
 
     from ._progress import bar
 
@@ -156,6 +176,9 @@ def load(f: str | os.PathLike, map_location: str | torch.device, *, chunk_bytes:
                                f"({size} bytes): the file is truncated or corrupt")
         if nbytes and offset is None:  # not a slice of the file's map (torch changed how it maps): copy it
             return storage.to(device=device)
+        if nbytes and records.get(offset) != nbytes:  # (torch.load without mmap checks this; with mmap it does not)
+            raise RuntimeError(f"{path}: the storage at byte {offset} ({nbytes} bytes) is not one whole record of the "
+                               f"file (record size {records.get(offset)}): the file is corrupt")
         with torch.vnpu.device(device):
             out = torch.UntypedStorage(nbytes, device=device)
             if nbytes:
